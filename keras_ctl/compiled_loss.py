@@ -1,0 +1,208 @@
+"""The loss given to `compile()`, reduced exactly over the global batch.
+
+Keras reduces each output's loss on each replica (`sum / local count`) and
+then scales by `1 / replicas`: a mean of per-replica means, which drifts when
+replicas hold different numbers of examples. Here every output's loss is
+summed on the replica and divided by the *global* count (or weight sum),
+following Keras's own reduction semantics for each `Loss.reduction`.
+"""
+
+from typing import NamedTuple
+
+import tensorflow as tf
+from keras import ops, tree
+from keras.src.backend import get_keras_mask
+from keras.src.losses.loss import squeeze_or_expand_to_same_rank
+
+from keras_ctl import reduction
+
+
+class LossShares(NamedTuple):
+    """This replica's share of the compiled loss and of each output's loss.
+
+    Attributes:
+        total: share of `sum(loss_weight * output_loss)`, the value to
+            differentiate (regularization not included).
+        per_output: list of `(name, share)` of each unweighted output loss.
+        global_batch_size: number of examples in the global batch.
+        local_batch_size: number of examples on this replica.
+    """
+
+    total: tf.Tensor
+    per_output: list
+    global_batch_size: tf.Tensor
+    local_batch_size: tf.Tensor
+
+
+def compiled_loss_shares(compile_loss, y, y_pred, sample_weight, batch_size):
+    """Returns the `LossShares` of the compiled loss on this replica.
+
+    Args:
+        compile_loss: The model's `CompileLoss` (`model._compile_loss`).
+        y: Labels (any nest matching the outputs).
+        y_pred: Model outputs.
+        sample_weight: Optional sample weights (a tensor or a nest).
+        batch_size: Number of real examples on this replica (int32 scalar);
+            a replica padded with a placeholder example passes 0.
+    """
+    y, y_pred = _align_structures(compile_loss, y, y_pred)
+    sums, counts, names = [], [], []
+    for path, loss_fn, _, name in compile_loss._flat_losses:
+        weight = sample_weight
+        if sample_weight is not None and tree.is_nested(sample_weight):
+            weight = _resolve(path, sample_weight)
+        loss_sum, count = _sum_and_count(
+            loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
+        )
+        sums.append(loss_sum)
+        counts.append(count)
+        names.append(name)
+    # A replica padded with a placeholder example contributes nothing.
+    has_examples = tf.cast(batch_size > 0, tf.float32)
+    sums = [loss_sum * has_examples for loss_sum in sums]
+    local = tf.stack(counts + [tf.cast(batch_size, tf.float32)]) * has_examples
+    # One all-reduce per step for every denominator and the global batch size.
+    global_counts = reduction.all_reduce_sum(tf.stop_gradient(local))
+    shares = [
+        tf.math.divide_no_nan(loss_sum, global_counts[i])
+        for i, loss_sum in enumerate(sums)
+    ]
+    total = tf.zeros((), tf.float32)
+    for share, (_, _, loss_weight, _) in zip(shares, compile_loss._flat_losses):
+        total += share if loss_weight is None else share * loss_weight
+    return LossShares(
+        total=total,
+        per_output=list(zip(names, shares)),
+        global_batch_size=global_counts[-1],
+        local_batch_size=tf.cast(batch_size, tf.float32),
+    )
+
+
+def count_only_shares(batch_size):
+    """Returns `LossShares` with only the batch sizes (no compiled loss)."""
+    local = tf.cast(batch_size, tf.float32)
+    global_batch_size = reduction.all_reduce_sum(local)
+    return LossShares(tf.zeros((), tf.float32), [], global_batch_size, local)
+
+
+def _sum_and_count(loss_fn, y_true, y_pred, sample_weight, name):
+    """Returns the local sum of weighted loss values and its denominator.
+
+    Mirrors `keras.losses.Loss.__call__` and `reduce_weighted_values` (Keras
+    3.15) but keeps numerator and denominator apart, so the division can use
+    global counts.
+    """
+    in_mask = get_keras_mask(y_pred)
+    dtype = loss_fn.dtype
+    y_pred = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_pred)
+    y_true = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_true)
+    try:
+        values = loss_fn.call(y_true, y_pred)
+    except (ValueError, tf.errors.InvalidArgumentError) as error:
+        raise ValueError(
+            f"The labels for output `{name}` do not fit its predictions. "
+            f"Received: y with shape {_shapes(y_true)} for predictions of "
+            f"shape {_shapes(y_pred)} and loss={loss_fn!r}. Check that `y` "
+            "has the shape the loss expects for this output."
+        ) from error
+    out_mask = get_keras_mask(values)
+    values = tf.cast(values, tf.float32)
+    if values.shape.rank == 0:
+        raise ValueError(
+            f"The loss `{name}` returned a scalar, but an exact global "
+            "reduction needs one value per example. Expected a loss whose "
+            "`call(y_true, y_pred)` returns shape (batch, ...). Received: "
+            f"loss={loss_fn!r} returning shape {values.shape}. Return the "
+            "per-example values and let the `reduction` argument reduce them."
+        )
+    mask = _combine_masks(in_mask, out_mask)
+    reduction_name = loss_fn.reduction
+    weights = None
+    count = tf.cast(tf.size(values), tf.float32)
+    if mask is not None:
+        weights = tf.cast(mask, tf.float32)
+        if reduction_name in ("mean", "sum_over_batch_size"):
+            # Keras divides by valid entries, scaled to the values' size.
+            mask_size = tf.cast(tf.size(weights), tf.float32)
+            count = tf.math.divide_no_nan(count * tf.reduce_sum(weights), mask_size)
+    if sample_weight is not None:
+        sample_weight = tf.cast(sample_weight, tf.float32)
+        if weights is None:
+            weights = sample_weight
+        else:
+            weights, sample_weight = squeeze_or_expand_to_same_rank(
+                weights, sample_weight
+            )
+            weights = weights * sample_weight
+    if weights is not None:
+        values, weights = squeeze_or_expand_to_same_rank(values, weights)
+        values = values * weights
+    loss_sum = tf.reduce_sum(values)
+    if reduction_name in (None, "none", "sum"):
+        return loss_sum, tf.ones((), tf.float32)
+    if reduction_name == "mean_with_sample_weight" and sample_weight is not None:
+        count = tf.reduce_sum(weights)
+    return loss_sum, count
+
+
+def _shapes(nest):
+    return tree.map_structure(lambda t: tuple(t.shape), nest)
+
+
+def _combine_masks(in_mask, out_mask):
+    if in_mask is not None and out_mask is not None:
+        return tf.logical_and(tf.cast(in_mask, bool), tf.cast(out_mask, bool))
+    return in_mask if in_mask is not None else out_mask
+
+
+def _resolve(path, nest):
+    for key in path:
+        nest = nest[key]
+    return nest
+
+
+def _align_structures(compile_loss, y_true, y_pred):
+    """Packs `y_true` like `y_pred` and builds `compile_loss` on first use.
+
+    Follows `CompileLoss.call` (Keras 3.15) for the common layouts: one
+    output, lists/tuples, and dicts keyed by output name.
+    """
+    if tree.is_nested(y_true) or tree.is_nested(y_pred):
+        try:
+            tree.assert_same_structure(y_pred, y_true)
+        except (ValueError, TypeError):
+            y_true = _pack_like(compile_loss, y_true, y_pred)
+    if not compile_loss.built:
+        compile_loss.build(y_true, y_pred)
+    try:
+        tree.assert_same_structure(compile_loss._y_pred_build_structure, y_pred)
+    except (ValueError, TypeError):
+        y_pred = tree.pack_sequence_as(
+            compile_loss._y_pred_build_structure, tree.flatten(y_pred)
+        )
+    try:
+        tree.assert_same_structure(compile_loss._y_true_build_structure, y_true)
+    except (ValueError, TypeError):
+        y_true = tree.pack_sequence_as(
+            compile_loss._y_true_build_structure, tree.flatten(y_true)
+        )
+    return y_true, y_pred
+
+
+def _pack_like(compile_loss, y_true, y_pred):
+    names = compile_loss.output_names or []
+    if isinstance(y_pred, (list, tuple)) and isinstance(y_true, dict):
+        if set(names) == set(y_true.keys()):
+            y_true = [y_true[name] for name in names]
+    elif not tree.is_nested(y_true):
+        y_true = [y_true]
+    try:
+        return tree.pack_sequence_as(y_pred, tree.flatten(y_true))
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            "The labels `y` do not match the model's outputs. Expected one "
+            f"label per output ({len(tree.flatten(y_pred))} outputs). "
+            f"Received: y with {len(tree.flatten(y_true))} entries "
+            f"({tree.map_structure(lambda _: '*', y_true)}). Pass `y` as a "
+            "list in output order or a dict keyed by output name."
+        ) from error

@@ -1,0 +1,156 @@
+"""The step engine: `strategy.run`, the `steps_per_execution` loop, and one
+exact cross-replica reduction of everything a step logs.
+
+Keras 3.15 reduces every logged value with a mean over replicas (on
+per-replica metric results, a mean of means) and, under
+`MultiWorkerMirroredStrategy`, calls `strategy.reduce("MEAN", scalar,
+axis=0)`, which fails. Here metric results are read from the metrics'
+on-read variables in cross-replica context (their sums over replicas, so the
+exact global value) and every other output follows its `reduction` type.
+"""
+
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl import reduction
+
+
+def make_step_function(model, step):
+    """Returns `function(iterator) -> logs` running `step` under a strategy.
+
+    Runs `model.steps_per_execution` steps per call (fewer at the end of the
+    data) and returns the logs of the last one.
+    """
+    strategy = model.distribute_strategy
+
+    def replica_step(data):
+        return step(_optionals_to_none(data))
+
+    @tf.autograph.experimental.do_not_convert
+    def one_step(data):
+        outputs = strategy.run(replica_step, args=(data,))
+        return _reduce_logs(model, outputs, strategy)
+
+    if model.jit_compile and strategy.num_replicas_in_sync == 1:
+        # XLA cannot place a multi-device `strategy.run`; with one replica it
+        # compiles the whole step.
+        one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
+
+    steps = model.steps_per_execution
+
+    @tf.autograph.experimental.do_not_convert
+    def multi_step(iterator):
+        logs = one_step(iterator.get_next())
+        if steps == 1:
+            return logs
+
+        def keep_going(i, logs, next_data):
+            return tf.logical_and(i < steps, next_data.has_value())
+
+        def body(i, logs, next_data):
+            logs = one_step(next_data.get_value())
+            # Do not consume a batch that this execution will not run.
+            next_data = tf.cond(
+                i + 1 < steps,
+                iterator.get_next_as_optional,
+                lambda: next_data,
+            )
+            return i + 1, logs, next_data
+
+        _, logs, _ = tf.while_loop(
+            keep_going,
+            body,
+            (tf.constant(1), logs, iterator.get_next_as_optional()),
+        )
+        return logs
+
+    if not model.run_eagerly:
+        multi_step = tf.function(multi_step, reduce_retracing=True)
+
+    def function(iterator):
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            return multi_step(iterator)
+        # `train_on_batch` and friends pass a plain Python iterator.
+        for data in iterator:
+            logs = one_step(data)
+        return logs
+
+    return function
+
+
+def make_predict_function(model):
+    """Returns `function(batches) -> outputs` for `predict()`.
+
+    Keras 3.15's `predict()` passes a list of up to `steps_per_execution`
+    batches. Each replica's predictions are concatenated in replica order,
+    which is the order in which the global batch was split.
+    """
+    strategy = model.distribute_strategy
+
+    def replica_predict(data):
+        return model.predict_step(_optionals_to_none(data))
+
+    if model.jit_compile and not model.run_eagerly:
+        replica_predict = tf.function(
+            replica_predict, jit_compile=True, reduce_retracing=True
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def predict_batches(batches):
+        outputs = None
+        for data in batches:
+            step_outputs = strategy.run(replica_predict, args=(data,))
+            step_outputs = tree.map_structure(
+                lambda value: _gather_batch(value, strategy), step_outputs
+            )
+            if outputs is None:
+                outputs = step_outputs
+            else:
+                outputs = tree.map_structure(
+                    lambda a, b: tf.concat([a, b], axis=0), outputs, step_outputs
+                )
+        return outputs
+
+    if not model.run_eagerly:
+        predict_batches = tf.function(predict_batches, reduce_retracing=True)
+    return predict_batches
+
+
+def _gather_batch(value, strategy):
+    if strategy.num_replicas_in_sync == 1:
+        return strategy.experimental_local_results(value)[0]
+    # `gather` orders replicas globally, across workers too.
+    return strategy.gather(value, axis=0)
+
+
+def _reduce_logs(model, outputs, strategy):
+    """Reduces step outputs; metric results are re-read across replicas."""
+    if strategy.num_replicas_in_sync == 1 or not isinstance(outputs, dict):
+        return reduction.reduce_step_outputs(outputs, strategy)
+    exact = {}
+    untyped_metric_names = [
+        name for name, value in outputs.items() if _is_untyped(value)
+    ]
+    if untyped_metric_names:
+        # On-read metric variables sum over replicas when read here.
+        with strategy.scope():
+            results = model.get_metrics_result()
+        exact = {
+            name: results[name] for name in untyped_metric_names if name in results
+        }
+    rest = {name: value for name, value in outputs.items() if name not in exact}
+    logs = reduction.reduce_step_outputs(rest, strategy)
+    return {name: exact.get(name, logs.get(name)) for name in outputs}
+
+
+def _is_untyped(value):
+    return not isinstance(
+        value, (reduction.ReplicaSum, reduction.ExampleMean, reduction.Synchronized)
+    ) and not isinstance(value, (dict, list, tuple))
+
+
+def _optionals_to_none(data):
+    return tree.map_structure(
+        lambda value: None if isinstance(value, tf.experimental.Optional) else value,
+        data,
+    )

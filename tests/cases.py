@@ -1,0 +1,108 @@
+"""Training cases shared by the invariance tests and their child processes.
+
+Each case builds the same model twice (plain `keras.Model` on one device as
+the reference, `CTLModel` under a strategy), trains it with `shuffle=False`
+and reports weights, `history` and `evaluate()` as plain lists.
+"""
+
+import numpy as np
+
+import keras
+import keras_ctl
+
+EPOCHS = 2
+
+
+def digits(n, seed=0):
+    """`n` 8x8 pseudo-digits with labels (deterministic, no download)."""
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 8, 8, 1), dtype=np.float32)
+    y = (x.reshape(n, -1)[:, :10].argmax(axis=1)).astype("int32")
+    return x, y
+
+
+def _conv_body(inputs):
+    h = keras.layers.Conv2D(
+        6, 3, activation="relu", kernel_regularizer=keras.regularizers.l2(1e-2),
+        kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+    )(inputs)
+    h = keras.layers.Flatten()(h)
+    return _AddLoss()(h)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class _AddLoss(keras.layers.Layer):
+    """Adds a weight-free loss with `add_loss` (same on every replica)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(), initializer="ones", name="scale")
+
+    def call(self, x):
+        self.add_loss(1e-3 * keras.ops.square(self.scale))
+        return x * self.scale
+
+
+def _dense(units, seed, **kwargs):
+    return keras.layers.Dense(
+        units, kernel_initializer=keras.initializers.GlorotUniform(seed=seed), **kwargs
+    )
+
+
+def build(case, model_class):
+    """Returns `(model, fit_kwargs, eval_kwargs)` for `case`."""
+    inputs = keras.Input((8, 8, 1))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    compile_kwargs = {}
+    if case in ("uneven", "empty_replica", "sample_weight", "seed"):
+        n, batch = {"uneven": (1001, 64), "empty_replica": (97, 8),
+                    "sample_weight": (203, 16), "seed": (256, 32)}[case]
+        outputs = _dense(10, 2)(_conv_body(inputs))
+        x, y = digits(n)
+        data = {"x": x, "y": y}
+        if case == "sample_weight":
+            data["sample_weight"] = np.linspace(0.1, 2.0, n).astype("float32")
+        compile_kwargs["metrics"] = ["accuracy"]
+    elif case == "per_pixel":
+        outputs = keras.layers.Conv2D(
+            3, 3, padding="same", kernel_initializer=keras.initializers.GlorotUniform(seed=3)
+        )(inputs)
+        x, _ = digits(101)
+        y = (x[..., 0] * 3).astype("int32")
+        batch = 16
+        data = {"x": x, "y": y}
+    elif case == "multi_output":
+        h = _conv_body(inputs)
+        outputs = {"label": _dense(10, 4, name="label")(h),
+                   "mean": _dense(1, 5, name="mean")(h)}
+        x, y = digits(150)
+        batch = 16
+        data = {"x": x, "y": {"label": y, "mean": x.mean(axis=(1, 2))}}
+        loss = {"label": loss, "mean": "mse"}
+        compile_kwargs["loss_weights"] = {"label": 1.0, "mean": 0.5}
+    else:
+        raise ValueError(f"Unknown case: {case}")
+    model = model_class(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, **compile_kwargs)
+    fit_kwargs = dict(data, batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0)
+    eval_kwargs = dict(data, batch_size=batch, verbose=0, return_dict=True)
+    return model, fit_kwargs, eval_kwargs
+
+
+def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution=None):
+    """Trains `case` and returns its weights, history and evaluation."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, fit_kwargs, eval_kwargs = build(case, model_class)
+        if steps_per_execution:
+            model.compile(optimizer=model.optimizer, loss=model.loss,
+                          steps_per_execution=steps_per_execution)
+    history = model.fit(**fit_kwargs).history
+    evaluation = model.evaluate(**eval_kwargs)
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+        "evaluate": {k: float(v) for k, v in evaluation.items()},
+    }
