@@ -106,3 +106,35 @@ def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution
         "history": {k: [float(v) for v in vs] for k, vs in history.items()},
         "evaluate": {k: float(v) for k, v in evaluation.items()},
     }
+
+
+INVARIANCE_CASES = ("uneven", "empty_replica", "per_pixel", "sample_weight", "multi_output")
+
+
+def run_seed_loop(strategy=None):
+    """Trains the "seed" case with the tutorial's hand-written loop."""
+    import tensorflow as tf
+
+    import seed_loop
+
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, fit_kwargs, _ = build("seed", keras.Model)
+    losses = seed_loop.train(
+        model, fit_kwargs["x"], fit_kwargs["y"], fit_kwargs["batch_size"],
+        EPOCHS, strategy,
+    )
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": {"loss": losses},
+    }
+
+
+def run_all(strategy):
+    """Every invariance case, the spe=32 variant and seed parity on `strategy`."""
+    results = {case: run(case, strategy=strategy) for case in INVARIANCE_CASES}
+    results["uneven_spe32"] = run("uneven", strategy=strategy, steps_per_execution=32)
+    results["seed_ctl"] = run("seed", strategy=strategy)
+    results["seed_loop"] = run_seed_loop(strategy)
+    return results

@@ -1,0 +1,23 @@
+"""Child process: runs every case under MirroredStrategy on N logical CPUs.
+
+Usage: python replica_child.py N OUTPUT_JSON
+
+One device set per process (collective keys collide otherwise), so each
+replica count runs here, in a fresh interpreter.
+"""
+
+import json
+import sys
+
+import strategies
+
+replicas, output_path = int(sys.argv[1]), sys.argv[2]
+strategies.configure_logical_cpus(replicas)
+
+import tensorflow as tf  # noqa: E402
+
+import cases  # noqa: E402
+
+strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+with open(output_path, "w") as f:
+    json.dump(cases.run_all(strategy), f)
