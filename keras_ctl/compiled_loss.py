@@ -10,7 +10,8 @@ following Keras's own reduction semantics for each `Loss.reduction`.
 from typing import NamedTuple
 
 import tensorflow as tf
-from keras import ops, tree
+from keras import ops
+from keras import tree
 from keras.src.backend import get_keras_mask
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 

@@ -3,8 +3,13 @@
 import keras
 import tensorflow as tf
 from keras import tree
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
 
-from keras_ctl import compiled_loss, optimization, reduction, step_function
+from keras_ctl import compiled_loss
+from keras_ctl import optimization
+from keras_ctl import reduction
+from keras_ctl import step_function
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -54,6 +59,14 @@ class CTLModel(keras.Model):
     ```
     """
 
+    def __new__(cls, *args, **kwargs):
+        # Keras 3.15 makes a `Model` subclass functional by rewriting its
+        # `__bases__` for good, which would break every subclassed CTLModel
+        # in the process. A dedicated functional class avoids that.
+        if cls is CTLModel and functional_init_arguments(args, kwargs):
+            return super().__new__(FunctionalCTLModel)
+        return super().__new__(cls)
+
     @classmethod
     def from_model(cls, model):
         """Returns a `CTLModel` that shares `model`'s layers and weights.
@@ -89,7 +102,7 @@ class CTLModel(keras.Model):
                 "Expected `model` to be a `keras.Model`. "
                 f"Received: model={model!r} of type {type(model).__name__}."
             )
-        if isinstance(model, keras.Sequential) or _is_functional(model):
+        if isinstance(model, (keras.Sequential, Functional)):
             try:
                 inputs, outputs = model.inputs, model.outputs
             except (AttributeError, ValueError):
@@ -105,17 +118,6 @@ class CTLModel(keras.Model):
         model.train_function = model.test_function = None
         model.predict_function = None
         return model
-
-    def compile(self, *args, **kwargs):
-        """Configures the model for training, like `keras.Model.compile`.
-
-        Adds one rule: the optimizer's variables are created right away in the
-        strategy's scope once the model is built (Keras creates them lazily,
-        which fails inside a distributed step).
-        """
-        super().compile(*args, **kwargs)
-        if self.built:
-            optimization.build_optimizer(self.optimizer, self.trainable_weights)
 
     def train_step(self, data):
         """One exact training step on this replica's part of the batch.
@@ -157,7 +159,10 @@ class CTLModel(keras.Model):
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
-        optimization.build_optimizer(self.optimizer, self.trainable_weights)
+        if self.built:
+            optimization.build_optimizer(
+                self.optimizer, self.trainable_weights, self.distribute_strategy
+            )
         self.train_function = step_function.make_step_function(self, self.train_step)
         return self.train_function
 
@@ -221,12 +226,16 @@ class CTLModel(keras.Model):
         """Updates the loss trackers and compiled metrics on this replica."""
         # The loss tracker averages over examples like one device: each
         # replica adds its share times the global batch and its own count.
-        _add_share(self._loss_tracker, loss, shares.global_batch_size, shares.local_batch_size)
+        _add_share(
+            self._loss_tracker, loss, shares.global_batch_size, shares.local_batch_size
+        )
         if self._compile_loss is not None:
             # Keras 3.15 weighs per-output losses by the static batch size,
             # unknown in a traced step: one weight per step, 1/R per replica.
             per_replica = 1.0 / reduction.num_replicas()
-            for tracker, (_, share) in zip(self._compile_loss.metrics, shares.per_output):
+            for tracker, (_, share) in zip(
+                self._compile_loss.metrics, shares.per_output
+            ):
                 _add_share(tracker, share, 1.0, per_replica)
 
         def update():
@@ -239,6 +248,12 @@ class CTLModel(keras.Model):
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
+
+
+@keras.saving.register_keras_serializable(package="keras_ctl")
+class FunctionalCTLModel(CTLModel, Functional):
+    """A `CTLModel` built from inputs and outputs: `CTLModel(inputs, outputs)`
+    returns one. Not constructed directly."""
 
 
 def _add_share(tracker, share, global_weight, local_weight):
@@ -271,9 +286,3 @@ def _pad_empty_batch(data):
         return tf.concat([t, zeros], axis=0)
 
     return tree.map_structure(pad, data), batch_size
-
-
-def _is_functional(model):
-    return type(model).__name__ == "Functional" or (
-        hasattr(model, "_operations") and hasattr(model, "_run_through_graph")
-    )

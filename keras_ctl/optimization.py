@@ -37,7 +37,7 @@ def minimize(loss, variables, optimizer, tape):
     """
     variables = list(variables)
     if not variables:
-        warnings.warn("The model does not have any trainable weights.")
+        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
         return []
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
@@ -46,12 +46,12 @@ def minimize(loss, variables, optimizer, tape):
     return gradients
 
 
-def build_optimizer(optimizer, variables):
-    """Creates the optimizer's slot variables now, in the strategy's scope.
+def build_optimizer(optimizer, variables, strategy):
+    """Creates the optimizer's slot variables now, in `strategy`'s scope.
 
     Keras optimizers create their variables on first use, which fails inside
     a distributed `tf.function`; building them up front avoids it.
     """
-    if optimizer is not None and not optimizer.built:
-        with tf.distribute.get_strategy().scope():
+    if optimizer is not None and not optimizer.built and variables:
+        with strategy.scope():
             optimizer.build(variables)

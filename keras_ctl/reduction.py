@@ -14,7 +14,8 @@ step engine reduces them across replicas after `strategy.run`:
 - `Synchronized(value)`: already equal on every replica; take one.
 """
 
-from typing import Any, NamedTuple
+from typing import Any
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -188,9 +189,7 @@ def reduce_step_outputs(outputs, strategy):
             return total(value.value)
         if isinstance(value, ExampleMean):
             count = tf.cast(total(value.count), tf.float32)
-            return tf.math.divide_no_nan(
-                tf.cast(total(value.total), tf.float32), count
-            )
+            return tf.math.divide_no_nan(tf.cast(total(value.total), tf.float32), count)
         if isinstance(value, Synchronized):
             return strategy.experimental_local_results(value.value)[0]
         if isinstance(value, dict):

@@ -128,25 +128,30 @@ def _reduce_logs(model, outputs, strategy):
     if strategy.num_replicas_in_sync == 1 or not isinstance(outputs, dict):
         return reduction.reduce_step_outputs(outputs, strategy)
     exact = {}
-    untyped_metric_names = [
-        name for name, value in outputs.items() if _is_untyped(value)
-    ]
-    if untyped_metric_names:
-        # On-read metric variables sum over replicas when read here.
+    untyped = [name for name, value in outputs.items() if _is_untyped(value)]
+    if untyped:
+        # On-read metric variables sum over replicas when read here. A step
+        # may return a metric by its own name (`compile_metrics` gives a
+        # dict) or by the names `get_metrics_result()` flattens it to.
         with strategy.scope():
-            results = model.get_metrics_result()
-        exact = {
-            name: results[name] for name in untyped_metric_names if name in results
-        }
+            by_metric = {m.name: m for m in model.metrics}
+            flat = None
+            for name in untyped:
+                if name in by_metric:
+                    exact[name] = by_metric[name].result()
+                else:
+                    flat = model.get_metrics_result() if flat is None else flat
+                    if name in flat:
+                        exact[name] = flat[name]
     rest = {name: value for name, value in outputs.items() if name not in exact}
     logs = reduction.reduce_step_outputs(rest, strategy)
-    return {name: exact.get(name, logs.get(name)) for name in outputs}
+    return {name: exact[name] if name in exact else logs[name] for name in outputs}
 
 
 def _is_untyped(value):
     return not isinstance(
         value, (reduction.ReplicaSum, reduction.ExampleMean, reduction.Synchronized)
-    ) and not isinstance(value, (dict, list, tuple))
+    )
 
 
 def _optionals_to_none(data):

@@ -5,9 +5,9 @@ the reference, `CTLModel` under a strategy), trains it with `shuffle=False`
 and reports weights, `history` and `evaluate()` as plain lists.
 """
 
+import keras
 import numpy as np
 
-import keras
 import keras_ctl
 
 EPOCHS = 2
@@ -23,7 +23,10 @@ def digits(n, seed=0):
 
 def _conv_body(inputs):
     h = keras.layers.Conv2D(
-        6, 3, activation="relu", kernel_regularizer=keras.regularizers.l2(1e-2),
+        6,
+        3,
+        activation="relu",
+        kernel_regularizer=keras.regularizers.l2(1e-2),
         kernel_initializer=keras.initializers.GlorotUniform(seed=1),
     )(inputs)
     h = keras.layers.Flatten()(h)
@@ -54,8 +57,12 @@ def build(case, model_class):
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     compile_kwargs = {}
     if case in ("uneven", "empty_replica", "sample_weight", "seed"):
-        n, batch = {"uneven": (1001, 64), "empty_replica": (97, 8),
-                    "sample_weight": (203, 16), "seed": (256, 32)}[case]
+        n, batch = {
+            "uneven": (1001, 64),
+            "empty_replica": (97, 8),
+            "sample_weight": (203, 16),
+            "seed": (256, 32),
+        }[case]
         outputs = _dense(10, 2)(_conv_body(inputs))
         x, y = digits(n)
         data = {"x": x, "y": y}
@@ -64,7 +71,10 @@ def build(case, model_class):
         compile_kwargs["metrics"] = ["accuracy"]
     elif case == "per_pixel":
         outputs = keras.layers.Conv2D(
-            3, 3, padding="same", kernel_initializer=keras.initializers.GlorotUniform(seed=3)
+            3,
+            3,
+            padding="same",
+            kernel_initializer=keras.initializers.GlorotUniform(seed=3),
         )(inputs)
         x, _ = digits(101)
         y = (x[..., 0] * 3).astype("int32")
@@ -72,8 +82,10 @@ def build(case, model_class):
         data = {"x": x, "y": y}
     elif case == "multi_output":
         h = _conv_body(inputs)
-        outputs = {"label": _dense(10, 4, name="label")(h),
-                   "mean": _dense(1, 5, name="mean")(h)}
+        outputs = {
+            "label": _dense(10, 4, name="label")(h),
+            "mean": _dense(1, 5, name="mean")(h),
+        }
         x, y = digits(150)
         batch = 16
         data = {"x": x, "y": {"label": y, "mean": x.mean(axis=(1, 2))}}
@@ -97,8 +109,11 @@ def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution
     with strategy.scope():
         model, fit_kwargs, eval_kwargs = build(case, model_class)
         if steps_per_execution:
-            model.compile(optimizer=model.optimizer, loss=model.loss,
-                          steps_per_execution=steps_per_execution)
+            model.compile(
+                optimizer=model.optimizer,
+                loss=model.loss,
+                steps_per_execution=steps_per_execution,
+            )
     history = model.fit(**fit_kwargs).history
     evaluation = model.evaluate(**eval_kwargs)
     return {
@@ -108,22 +123,31 @@ def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution
     }
 
 
-INVARIANCE_CASES = ("uneven", "empty_replica", "per_pixel", "sample_weight", "multi_output")
+INVARIANCE_CASES = (
+    "uneven",
+    "empty_replica",
+    "per_pixel",
+    "sample_weight",
+    "multi_output",
+)
 
 
 def run_seed_loop(strategy=None):
     """Trains the "seed" case with the tutorial's hand-written loop."""
-    import tensorflow as tf
-
     import seed_loop
+    import tensorflow as tf
 
     strategy = strategy or tf.distribute.get_strategy()
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, fit_kwargs, _ = build("seed", keras.Model)
     losses = seed_loop.train(
-        model, fit_kwargs["x"], fit_kwargs["y"], fit_kwargs["batch_size"],
-        EPOCHS, strategy,
+        model,
+        fit_kwargs["x"],
+        fit_kwargs["y"],
+        fit_kwargs["batch_size"],
+        EPOCHS,
+        strategy,
     )
     return {
         "weights": [w.tolist() for w in model.get_weights()],

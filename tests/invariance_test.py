@@ -11,11 +11,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 import cases
 import keras
+import numpy as np
+import pytest
 import strategies
 
 TOLERANCE = 1e-5
@@ -32,9 +31,16 @@ def mirrored_results(tmp_path_factory):
         path = out / f"{replicas}.json"
         children[replicas] = (
             subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "replica_child.py"),
-                 str(replicas), str(path)],
-                cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    sys.executable,
+                    os.path.join(HERE, "replica_child.py"),
+                    str(replicas),
+                    str(path),
+                ],
+                cwd=HERE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             ),
             path,
         )
@@ -59,7 +65,9 @@ def reference():
 
 @pytest.fixture(scope="session")
 def in_process_results():
-    return {kind: cases.run_all(strategies.get(kind)) for kind in ("default", "onedevice")}
+    return {
+        kind: cases.run_all(strategies.get(kind)) for kind in ("default", "onedevice")
+    }
 
 
 def assert_same_run(got, expected):
@@ -69,7 +77,10 @@ def assert_same_run(got, expected):
     assert got["history"].keys() == expected["history"].keys()
     for key in expected["history"]:
         np.testing.assert_allclose(
-            got["history"][key], expected["history"][key], atol=TOLERANCE, rtol=0,
+            got["history"][key],
+            expected["history"][key],
+            atol=TOLERANCE,
+            rtol=0,
             err_msg=key,
         )
     if "evaluate" in expected:
@@ -97,11 +108,16 @@ def test_mirrored_matches_one_device_keras(replicas, case, mirrored_results, ref
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_seed_parity_with_tutorial_loop(replicas, mirrored_results, in_process_results):
-    runs = in_process_results["default"] if replicas == 1 else mirrored_results[replicas]
+    runs = (
+        in_process_results["default"] if replicas == 1 else mirrored_results[replicas]
+    )
     got, expected = runs["seed_ctl"], runs["seed_loop"]
     # The tutorial logs only the loss: the mean of its step losses, which is
     # Keras's example-weighted mean when every global batch is full.
-    assert_same_run({"weights": got["weights"], "history": {"loss": got["history"]["loss"]}}, expected)
+    assert_same_run(
+        {"weights": got["weights"], "history": {"loss": got["history"]["loss"]}},
+        expected,
+    )
 
 
 def test_plain_keras_drifts_on_uneven_batches(reference):

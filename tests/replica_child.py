@@ -14,9 +14,8 @@ import strategies
 replicas, output_path = int(sys.argv[1]), sys.argv[2]
 strategies.configure_logical_cpus(replicas)
 
-import tensorflow as tf  # noqa: E402
-
 import cases  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 with open(output_path, "w") as f:

@@ -1,8 +1,7 @@
 """The TensorFlow tutorial's hand-written distributed loop (seeds 000/001)."""
 
-import tensorflow as tf
-
 import keras
+import tensorflow as tf
 
 
 def train(model, x, y, global_batch_size, epochs, strategy, learning_rate=0.1):

@@ -1,0 +1,340 @@
+"""CTLModel: save/load, drop-in conversion, custom steps, bad input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import cases
+import keras
+import keras_ctl
+import strategies
+
+ATOL = 1e-5
+
+
+def small_data(n=37, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.random((n, 4), dtype=np.float32)
+    y = (x.sum(axis=1) > 2).astype("int32")
+    return x, y
+
+
+def functional(model_class=keras_ctl.CTLModel, seed=1):
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(
+        8,
+        activation="relu",
+        kernel_initializer=keras.initializers.GlorotUniform(seed),
+        name="hidden",
+    )(inputs)
+    outputs = keras.layers.Dense(
+        2, kernel_initializer=keras.initializers.GlorotUniform(seed + 1), name="out"
+    )(h)
+    return model_class(inputs, outputs)
+
+
+def compile_classifier(model, optimizer=None):
+    model.compile(
+        optimizer=optimizer or keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def assert_weights_equal(a, b):
+    for wa, wb in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_allclose(wa, wb, atol=ATOL, rtol=0)
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class TwoLayer(keras_ctl.CTLModel):
+    def __init__(self, units=8, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.hidden = keras.layers.Dense(units, activation="relu")
+        self.out = keras.layers.Dense(2)
+
+    def call(self, x):
+        return self.out(self.hidden(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@pytest.mark.parametrize("build", ["functional", "subclassed"])
+def test_save_and_load_round_trip(build, tmp_path):
+    x, y = small_data()
+    model = functional() if build == "functional" else TwoLayer()
+    compile_classifier(model, keras.optimizers.Adam(1e-2))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    assert path.stat().st_size > 0
+    assert isinstance(loaded, keras_ctl.CTLModel)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
+    assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations) == 5
+    # Training goes on identically from the restored optimizer state.
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert_weights_equal(loaded, model)
+
+
+class PlainSubclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(2, kernel_initializer="ones")
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def make_original(kind):
+    if kind == "functional":
+        return functional(keras.Model)
+    if kind == "sequential":
+        return keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(8, activation="relu"),
+                keras.layers.Dense(2),
+            ]
+        )
+    model = PlainSubclassed()
+    model(np.zeros((1, 4), "float32"))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential", "subclassed"])
+def test_from_model_shares_layers_and_weight_files(kind, tmp_path):
+    original = make_original(kind)
+    before = [w.copy() for w in original.get_weights()]
+    ctl = keras_ctl.CTLModel.from_model(original)
+    assert isinstance(ctl, keras_ctl.CTLModel)
+    # Weights saved from the original load into the CTLModel and back.
+    original.save_weights(tmp_path / "original.weights.h5")
+    ctl.set_weights([np.zeros_like(w) for w in before])
+    np.testing.assert_allclose(original.get_weights()[0], 0.0)  # shared
+    ctl.load_weights(tmp_path / "original.weights.h5")
+    for got, want in zip(ctl.get_weights(), before, strict=True):
+        np.testing.assert_allclose(got, want)
+    # Training the CTLModel moves the original's variables.
+    x, y = small_data()
+    compile_classifier(ctl).fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert not np.allclose(original.get_weights()[0], before[0])
+    ctl.save_weights(tmp_path / "ctl.weights.h5")
+    original.set_weights(before)
+    original.load_weights(tmp_path / "ctl.weights.h5")
+    assert_weights_equal(original, ctl)
+
+
+def test_from_model_rejects_non_models():
+    with pytest.raises(TypeError, match=r"Received: model=.*Dense"):
+        keras_ctl.CTLModel.from_model(keras.layers.Dense(2))
+
+
+class KerasIoStep(keras_ctl.CTLModel):
+    """A custom step written as in the keras.io guide, only the base changed."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        for metric in self.metrics:
+            if metric.name != "loss":
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def fit_on(strategy, model_fn, x, y, metrics=("accuracy",), **fit_kwargs):
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = model_fn()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=list(metrics) or None,
+        )
+    history = model.fit(x, y, shuffle=False, verbose=0, **fit_kwargs).history
+    return model, history
+
+
+def test_keras_io_train_step_is_exact_under_mirrored():
+    x, y = small_data(101)
+    ref, ref_history = fit_on(
+        strategies.get("default"), functional, x, y, batch_size=16, epochs=2
+    )
+    got, history = fit_on(
+        strategies.get("mirrored"),
+        lambda: functional(KerasIoStep),
+        x,
+        y,
+        batch_size=16,
+        epochs=2,
+    )
+    assert_weights_equal(got, ref)
+    np.testing.assert_allclose(history["accuracy"], ref_history["accuracy"], atol=ATOL)
+
+
+class BuildingBlocksStep(keras_ctl.CTLModel):
+    """A custom step made of the public building blocks."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            regularization = keras_ctl.scaled_regularization_loss(self.losses)
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, y_pred, from_logits=True
+            )
+            loss = keras_ctl.global_mean(per_example) + regularization
+        keras_ctl.minimize(loss, self.trainable_variables, self.optimizer, tape)
+        hits = tf.cast(
+            tf.equal(tf.argmax(y_pred, -1, output_type=tf.int32), y), "float32"
+        )
+        return {
+            "step_loss": keras_ctl.ReplicaSum(loss),
+            "step_accuracy": keras_ctl.ExampleMean(
+                tf.reduce_sum(hits), tf.cast(tf.size(hits), "float32")
+            ),
+            "lr": keras_ctl.Synchronized(self.optimizer.learning_rate),
+        }
+
+
+def test_building_blocks_step_is_exact_under_mirrored():
+    x, y = small_data(101)
+    runs = {
+        kind: fit_on(
+            strategies.get(kind),
+            lambda: functional(BuildingBlocksStep),
+            x,
+            y,
+            metrics=(),
+            batch_size=16,
+            epochs=2,
+        )
+        for kind in ("default", "mirrored")
+    }
+    (ref, ref_history), (got, history) = runs["default"], runs["mirrored"]
+    assert_weights_equal(got, ref)
+    assert history.keys() == {"step_loss", "step_accuracy", "lr"}
+    for key in history:
+        np.testing.assert_allclose(
+            history[key], ref_history[key], atol=ATOL, err_msg=key
+        )
+    np.testing.assert_allclose(history["lr"], 0.1, atol=1e-7)
+    # The last batch holds 5 of 101 examples: its accuracy is over 5.
+    assert 0.0 <= history["step_accuracy"][-1] <= 1.0
+
+
+@pytest.mark.parametrize("kind", ["default", "mirrored"])
+def test_predict_keeps_example_order(kind):
+    x, _ = small_data(23)
+    keras.utils.set_random_seed(0)
+    strategy = strategies.get(kind)
+    with strategy.scope():
+        model = compile_classifier(functional())
+    expected = keras.ops.convert_to_numpy(model(x))
+    np.testing.assert_allclose(
+        model.predict(x, batch_size=4, verbose=0), expected, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("kind", ["default", "mirrored"])
+def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
+    x, y = small_data(101)
+    strategy = strategies.get(kind)
+    results = []
+    for options in ({}, {"steps_per_execution": 4}, {"jit_compile": True}):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = functional()
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"],
+                **options,
+            )
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        results.append((model, history.history, model.evaluate(x, y, verbose=0)))
+    base_model, base_history, base_eval = results[0]
+    for model, history, evaluation in results[1:]:
+        assert_weights_equal(model, base_model)
+        for key in base_history:
+            np.testing.assert_allclose(history[key], base_history[key], atol=ATOL)
+        np.testing.assert_allclose(evaluation, base_eval, atol=ATOL)
+
+
+def test_train_and_test_on_batch_match_keras():
+    x, y = small_data(16)
+    ref = compile_classifier(functional(keras.Model))
+    got = compile_classifier(functional())
+    for model in (ref, got):
+        model.train_on_batch(x, y)
+    assert_weights_equal(got, ref)
+    np.testing.assert_allclose(
+        got.test_on_batch(x, y), ref.test_on_batch(x, y), atol=ATOL
+    )
+
+
+def test_mixed_precision_scales_the_loss_under_mirrored():
+    x, y = small_data(101)
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        with strategies.get("mirrored").scope():
+            model = compile_classifier(functional())
+        history = model.fit(x, y, batch_size=16, epochs=2, verbose=0).history
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    assert all(np.isfinite(history["loss"]))
+    # 2 epochs x 7 steps, all finite: every step applied and counted.
+    assert int(model.optimizer.iterations.numpy()) == 14
+    assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**15
+
+
+def test_fit_without_a_loss_names_the_argument():
+    x, y = small_data()
+    model = functional()
+    model.compile(optimizer="sgd")
+    with pytest.raises(
+        ValueError, match=r"`loss` argument in `compile\(\)`.*Received: loss=None"
+    ):
+        model.fit(x, y, verbose=0)
+
+
+def test_labels_that_do_not_fit_the_output_name_y():
+    x, _ = small_data()
+    model = functional()
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.raises(
+        ValueError, match=r"labels for output .* Received: y with shape \(None, 3\)"
+    ):
+        model.fit(x, np.zeros((len(x), 3), "float32"), verbose=0)
+
+
+def test_a_loss_returning_a_scalar_is_rejected():
+    x, y = small_data()
+    model = functional()
+
+    def batch_mean_loss(y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_pred))
+
+    model.compile(optimizer="sgd", loss=batch_mean_loss)
+    with pytest.raises(
+        ValueError, match=r"one value per example.*Received: loss=.*shape \(\)"
+    ):
+        model.fit(x, y, verbose=0)
+
+
+def test_cases_module_builds_every_case():
+    for case in cases.INVARIANCE_CASES:
+        model, fit_kwargs, _ = cases.build(case, keras_ctl.CTLModel)
+        assert fit_kwargs["epochs"] == cases.EPOCHS
+        assert model.count_params() > 0
