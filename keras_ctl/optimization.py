@@ -2,8 +2,6 @@
 
 import warnings
 
-import tensorflow as tf
-
 
 def minimize(loss, variables, optimizer, tape):
     """Applies the gradients of `loss` with respect to `variables`.

@@ -1,13 +1,13 @@
 """CTLModel: save/load, drop-in conversion, custom steps, bad input."""
 
-import numpy as np
-import pytest
-import tensorflow as tf
-
 import cases
 import keras
-import keras_ctl
+import numpy as np
+import pytest
 import strategies
+import tensorflow as tf
+
+import keras_ctl
 
 ATOL = 1e-5
 
