@@ -35,7 +35,27 @@ class LossShares(NamedTuple):
     local_batch_size: tf.Tensor
 
 
-def compiled_loss_shares(compile_loss, y, y_pred, sample_weight, batch_size):
+class NeedsCountAllReduce(Exception):
+    """A loss denominator that only an all-reduce can give (masks, weight
+    sums), asked for without one."""
+
+
+class _Term(NamedTuple):
+    """One output's local loss sum and how to divide it.
+
+    `count` is the local denominator, or `None` for `reduction="sum"`.
+    `per_example` is the static denominator of one example when it is the
+    same for every example (no mask, no weight sum), else `None`.
+    """
+
+    loss_sum: tf.Tensor
+    count: object
+    per_example: object
+
+
+def compiled_loss_shares(
+    compile_loss, y, y_pred, sample_weight, batch_size, global_batch_size=None
+):
     """Returns the `LossShares` of the compiled loss on this replica.
 
     Args:
@@ -45,29 +65,46 @@ def compiled_loss_shares(compile_loss, y, y_pred, sample_weight, batch_size):
         sample_weight: Optional sample weights (a tensor or a nest).
         batch_size: Number of real examples on this replica (int32 scalar);
             a replica padded with a placeholder example passes 0.
+        global_batch_size: The all-reduced batch size when the caller already
+            has it (a step compiled with XLA cannot run collectives). Then
+            every denominator must be a fixed count per example. Defaults to
+            `None`: denominators are all-reduced here.
+
+    Raises:
+        NeedsCountAllReduce: if `global_batch_size` is given but a
+            denominator depends on masks or sample-weight sums.
     """
     y, y_pred = _align_structures(compile_loss, y, y_pred)
-    sums, counts, names = [], [], []
+    terms, names = [], []
     for path, loss_fn, _, name in compile_loss._flat_losses:
         weight = sample_weight
         if sample_weight is not None and tree.is_nested(sample_weight):
             weight = _resolve(path, sample_weight)
-        loss_sum, count = _sum_and_count(
-            loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
+        terms.append(
+            _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
         )
-        sums.append(loss_sum)
-        counts.append(count)
         names.append(name)
     # A replica padded with a placeholder example contributes nothing.
     has_examples = tf.cast(batch_size > 0, tf.float32)
-    sums = [loss_sum * has_examples for loss_sum in sums]
-    local = tf.stack(counts + [tf.cast(batch_size, tf.float32)]) * has_examples
-    # One all-reduce per step for every denominator and the global batch size.
-    global_counts = reduction.all_reduce_sum(tf.stop_gradient(local))
-    shares = [
-        tf.math.divide_no_nan(loss_sum, global_counts[i])
-        for i, loss_sum in enumerate(sums)
-    ]
+    local_batch = tf.cast(batch_size, tf.float32)
+    divided = [term for term in terms if term.count is not None]
+    if global_batch_size is None:
+        local = tf.stack([t.count for t in divided] + [local_batch]) * has_examples
+        # One all-reduce per step for every denominator and the batch size.
+        global_counts = tf.unstack(reduction.all_reduce_sum(tf.stop_gradient(local)))
+    else:
+        if any(term.per_example is None for term in divided):
+            raise NeedsCountAllReduce()
+        global_counts = [t.per_example * global_batch_size for t in divided]
+        global_counts.append(global_batch_size)
+    counts = iter(global_counts[:-1])
+    shares = []
+    for term in terms:
+        loss_sum = term.loss_sum * has_examples
+        if term.count is None:
+            shares.append(loss_sum)
+        else:
+            shares.append(tf.math.divide_no_nan(loss_sum, next(counts)))
     total = tf.zeros((), tf.float32)
     for share, (_, _, loss_weight, _) in zip(shares, compile_loss._flat_losses):
         total += share if loss_weight is None else share * loss_weight
@@ -75,7 +112,7 @@ def compiled_loss_shares(compile_loss, y, y_pred, sample_weight, batch_size):
         total=total,
         per_output=list(zip(names, shares)),
         global_batch_size=global_counts[-1],
-        local_batch_size=tf.cast(batch_size, tf.float32),
+        local_batch_size=local_batch,
     )
 
 
@@ -86,7 +123,7 @@ def count_only_shares(batch_size):
     return LossShares(tf.zeros((), tf.float32), [], global_batch_size, local)
 
 
-def _sum_and_count(loss_fn, y_true, y_pred, sample_weight, name):
+def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
     """Returns the local sum of weighted loss values and its denominator.
 
     Mirrors `keras.losses.Loss.__call__` and `reduce_weighted_values` (Keras
@@ -118,10 +155,12 @@ def _sum_and_count(loss_fn, y_true, y_pred, sample_weight, name):
         )
     mask = _combine_masks(in_mask, out_mask)
     reduction_name = loss_fn.reduction
-    weights = None
     count = tf.cast(tf.size(values), tf.float32)
+    per_example = values.shape[1:].num_elements()
+    weights = None
     if mask is not None:
         weights = tf.cast(mask, tf.float32)
+        per_example = None
         if reduction_name in ("mean", "sum_over_batch_size"):
             # Keras divides by valid entries, scaled to the values' size.
             mask_size = tf.cast(tf.size(weights), tf.float32)
@@ -140,10 +179,10 @@ def _sum_and_count(loss_fn, y_true, y_pred, sample_weight, name):
         values = values * weights
     loss_sum = tf.reduce_sum(values)
     if reduction_name in (None, "none", "sum"):
-        return loss_sum, tf.ones((), tf.float32)
+        return _Term(loss_sum, None, None)
     if reduction_name == "mean_with_sample_weight" and sample_weight is not None:
-        count = tf.reduce_sum(weights)
-    return loss_sum, count
+        return _Term(loss_sum, tf.reduce_sum(weights), None)
+    return _Term(loss_sum, count, per_example)
 
 
 def _shapes(nest):

@@ -10,6 +10,7 @@ from keras_ctl import compiled_loss
 from keras_ctl import optimization
 from keras_ctl import reduction
 from keras_ctl import step_function
+from keras_ctl import xla_step
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -128,6 +129,11 @@ class CTLModel(keras.Model):
         """
         data, batch_size = _pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        compiled = xla_step.forward_backward(self, data, batch_size, training=True)
+        if compiled is not None:
+            loss, shares, y_pred, gradients = compiled
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
+            return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss, shares = self._loss_share(x, y, y_pred, sample_weight, batch_size)
@@ -140,8 +146,12 @@ class CTLModel(keras.Model):
         """One exact evaluation step on this replica's part of the batch."""
         data, batch_size = _pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self(x, training=False)
-        loss, shares = self._loss_share(x, y, y_pred, sample_weight, batch_size)
+        compiled = xla_step.forward_backward(self, data, batch_size, training=False)
+        if compiled is not None:
+            loss, shares, y_pred, _ = compiled
+        else:
+            y_pred = self(x, training=False)
+            loss, shares = self._loss_share(x, y, y_pred, sample_weight, batch_size)
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def compute_loss(
@@ -163,12 +173,14 @@ class CTLModel(keras.Model):
             optimization.build_optimizer(
                 self.optimizer, self.trainable_weights, self.distribute_strategy
             )
+        xla_step.prepare(self, training=True)
         self.train_function = step_function.make_step_function(self, self.train_step)
         return self.train_function
 
     def make_test_function(self, force=False):
         if self.test_function is not None and not force:
             return self.test_function
+        xla_step.prepare(self, training=False)
         self.test_function = step_function.make_step_function(self, self.test_step)
         return self.test_function
 

@@ -100,7 +100,7 @@ def build(case, model_class):
     return model, fit_kwargs, eval_kwargs
 
 
-def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution=None):
+def run(case, model_class=keras_ctl.CTLModel, strategy=None, **compile_options):
     """Trains `case` and returns its weights, history and evaluation."""
     import tensorflow as tf
 
@@ -108,11 +108,12 @@ def run(case, model_class=keras_ctl.CTLModel, strategy=None, steps_per_execution
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model, fit_kwargs, eval_kwargs = build(case, model_class)
-        if steps_per_execution:
+        if compile_options:
             model.compile(
                 optimizer=model.optimizer,
                 loss=model.loss,
-                steps_per_execution=steps_per_execution,
+                metrics=["accuracy"],
+                **compile_options,
             )
     history = model.fit(**fit_kwargs).history
     evaluation = model.evaluate(**eval_kwargs)
@@ -159,6 +160,7 @@ def run_all(strategy):
     """Every invariance case, the spe=32 variant and seed parity on `strategy`."""
     results = {case: run(case, strategy=strategy) for case in INVARIANCE_CASES}
     results["uneven_spe32"] = run("uneven", strategy=strategy, steps_per_execution=32)
+    results["uneven_xla"] = run("uneven", strategy=strategy, jit_compile=True)
     results["seed_ctl"] = run("seed", strategy=strategy)
     results["seed_loop"] = run_seed_loop(strategy)
     return results

@@ -1,5 +1,7 @@
 """CTLModel: save/load, drop-in conversion, custom steps, bad input."""
 
+import warnings
+
 import cases
 import keras
 import numpy as np
@@ -263,12 +265,49 @@ def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
             )
         history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
         results.append((model, history.history, model.evaluate(x, y, verbose=0)))
+    if kind == "mirrored":
+        # Each replica ran its own XLA-compiled forward and backward pass.
+        assert results[2][0]._ctl_xla_passes[True].experimental_get_tracing_count() >= 1
     base_model, base_history, base_eval = results[0]
     for model, history, evaluation in results[1:]:
         assert_weights_equal(model, base_model)
         for key in base_history:
             np.testing.assert_allclose(history[key], base_history[key], atol=ATOL)
         np.testing.assert_allclose(evaluation, base_eval, atol=ATOL)
+
+
+def test_jit_compile_falls_back_for_weight_sum_losses():
+    """A loss divided by the global weight sum needs its all-reduce."""
+    x, y = small_data(101)
+    weights = np.linspace(0.5, 1.5, len(x)).astype("float32")
+    runs = []
+    for jit_compile in (False, True):
+        keras.utils.set_random_seed(0)
+        with strategies.get("mirrored").scope():
+            model = functional()
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True, reduction="mean_with_sample_weight"
+                ),
+                jit_compile=jit_compile,
+            )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            history = model.fit(
+                x,
+                y,
+                sample_weight=weights,
+                batch_size=8,
+                epochs=1,
+                shuffle=False,
+                verbose=0,
+            ).history
+        runs.append((model, history))
+        fell_back = [w for w in caught if "run without XLA" in str(w.message)]
+        assert len(fell_back) == (1 if jit_compile else 0)
+    assert_weights_equal(runs[1][0], runs[0][0])
+    np.testing.assert_allclose(runs[1][1]["loss"], runs[0][1]["loss"], atol=ATOL)
 
 
 def test_train_and_test_on_batch_match_keras():

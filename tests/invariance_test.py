@@ -59,7 +59,7 @@ def mirrored_results(tmp_path_factory):
 def reference():
     """Plain `keras.Model` on one device, for every case."""
     results = {c: cases.run(c, model_class=keras.Model) for c in cases.INVARIANCE_CASES}
-    results["uneven_spe32"] = results["uneven"]
+    results["uneven_spe32"] = results["uneven_xla"] = results["uneven"]
     return results
 
 
@@ -91,7 +91,7 @@ def assert_same_run(got, expected):
             ), key
 
 
-CASES = cases.INVARIANCE_CASES + ("uneven_spe32",)
+CASES = cases.INVARIANCE_CASES + ("uneven_spe32", "uneven_xla")
 
 
 @pytest.mark.parametrize("case", CASES)
