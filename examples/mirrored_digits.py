@@ -1,0 +1,177 @@
+"""Train the tutorial's CNN under MirroredStrategy on the bundled digits.
+
+The main demo of keras_ctl. It trains the same model three times from the
+same initial weights, with `shuffle=False` so each run sees the same
+batches:
+
+1. `keras.Model` on one device (the reference);
+2. `keras_ctl.CTLModel` under `MirroredStrategy` with N replicas;
+3. `keras.Model` under the same strategy (stock Keras).
+
+and prints how far each distributed run ends from the reference. The digits
+train split has 1,438 images: with 3 replicas of 32, the last global batch
+of 94 splits 32/31/31. Stock Keras drifts or crashes, CTLModel does not. The CTLModel, its history and a
+comparison table are written to `--out`.
+
+Usage:
+    python examples/mirrored_digits.py [--replicas 3] [--epochs 5] [--out DIR]
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import re
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
+    parser.add_argument("--out", default="runs/mirrored_digits")
+    args = parser.parse_args()
+    if args.replicas < 1:
+        parser.error(f"--replicas must be >= 1. Received: --replicas {args.replicas}")
+    if args.epochs < 1 or args.batch_size < 1:
+        parser.error(
+            "--epochs and --batch-size must be >= 1. Received: "
+            f"--epochs {args.epochs} --batch-size {args.batch_size}"
+        )
+    return args
+
+
+def make_strategy(replicas):
+    """GPUs when there are enough, otherwise `replicas` logical CPUs."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= replicas:
+        devices = [f"/gpu:{i}" for i in range(replicas)]
+    else:
+        # Must run before TensorFlow initializes its devices.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
+        )
+        devices = [f"/cpu:{i}" for i in range(replicas)]
+    return tf.distribute.MirroredStrategy(devices)
+
+
+def tutorial_cnn(model_class, input_shape):
+    """The CNN of the TensorFlow distributed-training tutorial."""
+    import keras
+
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(64, activation="relu")(x)
+    outputs = keras.layers.Dense(10)(x)
+    return model_class(inputs, outputs)
+
+
+def train(model_class, strategy, data, initial_weights, args, global_batch):
+    """Returns `(model, history, evaluation)`, or the error it crashed with."""
+    try:
+        return _train(model_class, strategy, data, initial_weights, args, global_batch)
+    except Exception as error:  # stock Keras crashes on some uneven batches
+        return error
+
+
+def _train(model_class, strategy, data, initial_weights, args, global_batch):
+    import keras
+
+    (x_train, y_train), (x_test, y_test) = data
+    with strategy.scope():
+        model = tutorial_cnn(model_class, x_train.shape[1:])
+        model.set_weights(initial_weights)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = model.fit(
+        x_train,
+        y_train,
+        batch_size=global_batch,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=0,
+    )
+    evaluation = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    return model, history.history, evaluation
+
+
+def max_difference(model, reference):
+    import numpy as np
+
+    return max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(model.get_weights(), reference.get_weights())
+    )
+
+
+def main():
+    args = parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    strategy = make_strategy(args.replicas)
+
+    import keras
+    import tensorflow as tf
+
+    import keras_ctl
+    from keras_ctl import datasets
+
+    data = datasets.load("digits")
+    global_batch = args.batch_size * strategy.num_replicas_in_sync
+    keras.utils.set_random_seed(0)
+    initial = tutorial_cnn(keras.Model, data[0][0].shape[1:]).get_weights()
+    one_device = tf.distribute.get_strategy()
+    runs = {
+        "keras.Model, 1 device": train(
+            keras.Model, one_device, data, initial, args, global_batch
+        ),
+        f"CTLModel, {args.replicas} replicas": train(
+            keras_ctl.CTLModel, strategy, data, initial, args, global_batch
+        ),
+        f"keras.Model, {args.replicas} replicas": train(
+            keras.Model, strategy, data, initial, args, global_batch
+        ),
+    }
+    reference = runs["keras.Model, 1 device"][0]
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    print(f"\n{'run':28} {'max |w - w_1device|':>20} {'test loss':>10} {'test acc':>9}")
+    for name, result in runs.items():
+        if isinstance(result, Exception):
+            message = re.sub(r"\{\{.*?\}\}|\s+", " ", str(result)).strip()[:70]
+            rows.append({"run": name, "error": f"{type(result).__name__}: {message}"})
+            print(f"{name:28} crashed: {rows[-1]['error']}")
+            continue
+        model, _, evaluation = result
+        row = {
+            "run": name,
+            "max_weight_difference": max_difference(model, reference),
+            "test_loss": evaluation["loss"],
+            "test_accuracy": evaluation["accuracy"],
+        }
+        rows.append(row)
+        print(
+            f"{name:28} {row['max_weight_difference']:20.3g} "
+            f"{row['test_loss']:10.4f} {row['test_accuracy']:9.4f}"
+        )
+    ctl_model, ctl_history, _ = runs[f"CTLModel, {args.replicas} replicas"]
+    ctl_model.save(out / "model.keras")
+    (out / "history.json").write_text(json.dumps(ctl_history, indent=2))
+    (out / "comparison.json").write_text(json.dumps(rows, indent=2))
+    print(
+        f"\nWrote {out / 'model.keras'}, {out / 'history.json'}, {out / 'comparison.json'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
