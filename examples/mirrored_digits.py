@@ -10,8 +10,8 @@ batches:
 
 and prints how far each distributed run ends from the reference. The digits
 train split has 1,438 images: with 3 replicas of 32, the last global batch
-of 94 splits 32/31/31. Stock Keras drifts or crashes, CTLModel does not. The CTLModel, its history and a
-comparison table are written to `--out`.
+of 94 splits 32/31/31. Stock Keras drifts or crashes, CTLModel does not.
+The CTLModel, its history and a comparison table are written to `--out`.
 
 Usage:
     python examples/mirrored_digits.py [--replicas 3] [--epochs 5] [--out DIR]
@@ -169,7 +169,8 @@ def main():
     (out / "history.json").write_text(json.dumps(ctl_history, indent=2))
     (out / "comparison.json").write_text(json.dumps(rows, indent=2))
     print(
-        f"\nWrote {out / 'model.keras'}, {out / 'history.json'}, {out / 'comparison.json'}"
+        f"\nWrote {out / 'model.keras'}, {out / 'history.json'} and "
+        f"{out / 'comparison.json'}"
     )
 
 
