@@ -89,7 +89,7 @@ def _train(model_class, strategy, data, initial_weights, args, global_batch):
         model = tutorial_cnn(model_class, x_train.shape[1:])
         model.set_weights(initial_weights)
         model.compile(
-            optimizer=keras.optimizers.SGD(0.05),
+            optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
