@@ -19,7 +19,9 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover
         "`KERAS_BACKEND=tensorflow` before importing Keras."
     )
 
+from keras_ctl import datasets
 from keras_ctl.ctl_model import CTLModel
+from keras_ctl.gan import GAN
 from keras_ctl.optimization import minimize
 from keras_ctl.reduction import ExampleMean
 from keras_ctl.reduction import ReplicaSum
@@ -33,9 +35,11 @@ __version__ = "0.1.0"
 __all__ = [
     "CTLModel",
     "ExampleMean",
+    "GAN",
     "ReplicaSum",
     "Synchronized",
     "all_reduce_sum",
+    "datasets",
     "global_mean",
     "minimize",
     "scaled_regularization_loss",

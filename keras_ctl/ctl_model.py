@@ -127,7 +127,7 @@ class CTLModel(keras.Model):
             A dict of logs; metric results are reduced across replicas by
             the step engine.
         """
-        data, batch_size = _pad_empty_batch(data)
+        data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         compiled = xla_step.forward_backward(self, data, batch_size, training=True)
         if compiled is not None:
@@ -144,7 +144,7 @@ class CTLModel(keras.Model):
 
     def test_step(self, data):
         """One exact evaluation step on this replica's part of the batch."""
-        data, batch_size = _pad_empty_batch(data)
+        data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         compiled = xla_step.forward_backward(self, data, batch_size, training=False)
         if compiled is not None:
@@ -275,7 +275,7 @@ def _add_share(tracker, share, global_weight, local_weight):
     tracker.count.assign_add(tf.cast(local_weight, tracker.dtype))
 
 
-def _pad_empty_batch(data):
+def pad_empty_batch(data):
     """Gives a replica without examples one placeholder example of zeros.
 
     With several replicas the last global batch can leave a replica empty;

@@ -163,4 +163,75 @@ def run_all(strategy):
     results["uneven_xla"] = run("uneven", strategy=strategy, jit_compile=True)
     results["seed_ctl"] = run("seed", strategy=strategy)
     results["seed_loop"] = run_seed_loop(strategy)
+    results["gan"] = run_gan(strategy)
     return results
+
+
+GAN_LATENT = 8
+GAN_D_STEPS = 2
+
+
+def build_gan(seed=0, **gan_kwargs):
+    """A tiny DCGAN for 8x8 images, with fixed initial weights."""
+    init = keras.initializers.GlorotUniform
+    generator = keras.Sequential(
+        [
+            keras.Input((GAN_LATENT,)),
+            keras.layers.Dense(16, activation="relu", kernel_initializer=init(seed)),
+            keras.layers.Dense(
+                64, activation="sigmoid", kernel_initializer=init(seed + 1)
+            ),
+            keras.layers.Reshape((8, 8, 1)),
+        ],
+        name="generator",
+    )
+    discriminator = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, kernel_initializer=init(seed + 2)),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1, kernel_initializer=init(seed + 3)),
+        ],
+        name="discriminator",
+    )
+    options = {"d_steps": GAN_D_STEPS, "label_noise": 0.0, "seed": 7, **gan_kwargs}
+    return keras_ctl.GAN(
+        discriminator=discriminator,
+        generator=generator,
+        latent_dim=GAN_LATENT,
+        **options,
+    )
+
+
+def gan_data(n=101, d_steps=GAN_D_STEPS):
+    x, _ = digits(n)
+    rng = np.random.default_rng(1)
+    latents = rng.normal(size=(n, d_steps + 1, GAN_LATENT)).astype("float32")
+    return x, latents
+
+
+def run_gan(strategy=None, epochs=EPOCHS, batch_size=16):
+    """Trains the tiny GAN in deterministic mode (latents given with the data)."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        gan = build_gan()
+        gan.compile(
+            d_optimizer=keras.optimizers.Adam(3e-3),
+            g_optimizer=keras.optimizers.Adam(4e-3),
+        )
+    x, latents = gan_data()
+    history = gan.fit(
+        x, latents, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0
+    ).history
+    return {
+        "weights": [w.tolist() for w in gan.get_weights()],
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+        "iterations": [
+            int(gan.d_optimizer.iterations.numpy()),
+            int(gan.g_optimizer.iterations.numpy()),
+        ],
+    }

@@ -120,6 +120,22 @@ def test_seed_parity_with_tutorial_loop(replicas, mirrored_results, in_process_r
     )
 
 
+@pytest.fixture(scope="session")
+def gan_reference():
+    return cases.run_gan()
+
+
+@pytest.mark.parametrize("where", ["default", "onedevice", 2, 3, 4])
+def test_gan_matches_one_device(
+    where, gan_reference, in_process_results, mirrored_results
+):
+    """Deterministic mode: weights, d_loss/g_loss and update counts."""
+    runs = in_process_results if isinstance(where, str) else mirrored_results
+    got = runs[where]["gan"]
+    assert_same_run(got, gan_reference)
+    assert got["iterations"] == gan_reference["iterations"]
+
+
 def test_plain_keras_drifts_on_uneven_batches(reference):
     """The gap CTLModel closes: Keras's mean of per-replica means."""
     mirrored = strategies.get("mirrored")

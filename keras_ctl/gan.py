@@ -1,0 +1,343 @@
+"""`GAN`: the Keras GAN guide's model, exact under any strategy.
+
+Each step follows the guide (seed 002): the discriminator learns on
+generated images (label 1) and real images (label 0) with noisy labels,
+`d_steps` times, then the generator learns against "all real" labels (0).
+Each loss is a mean over the global batch (`keras_ctl.global_mean`), each
+optimizer scales its own loss (its own `LossScaleOptimizer` under
+`mixed_float16`) and applies summed gradients to its own variables only.
+"""
+
+import keras
+import tensorflow as tf
+
+from keras_ctl import optimization
+from keras_ctl import reduction
+from keras_ctl.ctl_model import CTLModel
+from keras_ctl.ctl_model import pad_empty_batch
+
+
+@keras.saving.register_keras_serializable(package="keras_ctl")
+class GAN(CTLModel):
+    """A generative adversarial network trained with `fit()`.
+
+    Args:
+        discriminator: A `keras.Model` mapping images to one logit per
+            example, shape `(batch, 1)`.
+        generator: A `keras.Model` mapping latent vectors of shape
+            `(batch, latent_dim)` to images.
+        latent_dim: Size of the latent vectors.
+        d_steps: Discriminator updates per generator update; each uses the
+            step's real images and fresh latent vectors. Defaults to `1`.
+        label_noise: Amplitude of the uniform noise added to the
+            discriminator's labels (the guide's "important trick").
+            Defaults to `0.05`.
+        seed: Seed of the latent random stream. Defaults to `None` (random).
+
+    `fit(images)` samples latent vectors from a `keras.random.SeedGenerator`
+    whose state is a model variable: a saved and restored GAN continues the
+    same stream. For a reproducible run, pass the latent vectors with the
+    data instead: `fit((images, latents))` with `latents` of shape
+    `(n, d_steps + 1, latent_dim)` (one vector per discriminator step, then
+    one for the generator step), and `label_noise=0.0`.
+
+    `history` holds `d_loss` and `g_loss`, each the mean over steps of the
+    global-batch loss. Calling the model generates: `gan(latents)`.
+
+    Example:
+
+    ```python
+    gan = keras_ctl.GAN(discriminator=d, generator=g, latent_dim=32)
+    gan.compile(
+        d_optimizer=keras.optimizers.Adam(3e-4),
+        g_optimizer=keras.optimizers.Adam(4e-4),
+        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    gan.fit(images, batch_size=64, epochs=5)
+    ```
+    """
+
+    def __init__(
+        self,
+        discriminator,
+        generator,
+        latent_dim,
+        *,
+        d_steps=1,
+        label_noise=0.05,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        _check_options(latent_dim, d_steps, label_noise)
+        _check_models(discriminator, generator, latent_dim)
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = int(latent_dim)
+        self.d_steps = int(d_steps)
+        self.label_noise = float(label_noise)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed, name="latent_seed")
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+        self.built = discriminator.built and generator.built
+
+    def compile(self, d_optimizer=None, g_optimizer=None, loss_fn=None, **kwargs):
+        """Configures the two optimizers and the loss.
+
+        Args:
+            d_optimizer: Optimizer of the discriminator (instance or name).
+            g_optimizer: Optimizer of the generator (instance or name).
+            loss_fn: Loss of both phases, computed per example. Defaults to
+                `keras.losses.BinaryCrossentropy(from_logits=True)`.
+            **kwargs: Other `Model.compile()` options (`steps_per_execution`,
+                `jit_compile`, `run_eagerly`).
+
+        Raises:
+            ValueError: if an optimizer is missing.
+        """
+        for name, value in (("d_optimizer", d_optimizer), ("g_optimizer", g_optimizer)):
+            if value is None:
+                raise ValueError(
+                    f"`GAN.compile()` needs `{name}`, the optimizer of the "
+                    f"{'discriminator' if name[0] == 'd' else 'generator'}. "
+                    f"Received: {name}=None. Pass e.g. "
+                    f"`{name}=keras.optimizers.Adam(3e-4)`."
+                )
+        super().compile(optimizer=None, **kwargs)
+        self.d_optimizer = self._with_loss_scale(keras.optimizers.get(d_optimizer))
+        self.g_optimizer = self._with_loss_scale(keras.optimizers.get(g_optimizer))
+        self.loss_fn = keras.losses.get(
+            loss_fn or keras.losses.BinaryCrossentropy(from_logits=True)
+        )
+        self._gan_compile_config = {
+            "d_optimizer": self.d_optimizer,
+            "g_optimizer": self.g_optimizer,
+            "loss_fn": self.loss_fn,
+        }
+
+    def _with_loss_scale(self, optimizer):
+        # Each optimizer keeps its own dynamic loss scale.
+        if self.dtype_policy.name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            return keras.optimizers.LossScaleOptimizer(optimizer)
+        return optimizer
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def call(self, latents, training=False):
+        return self.generator(latents, training=training)
+
+    def train_step(self, data):
+        data, batch_size = pad_empty_batch(data)
+        real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
+        # The placeholder example of an empty replica weighs nothing.
+        weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, "float32"))
+        steps_per_replica = 1.0 / reduction.num_replicas()
+        for i in range(self.d_steps):
+            d_loss = self.train_discriminator(
+                real, self._latents(latents, i, real), weight
+            )
+            _add_step_mean(self.d_loss_tracker, d_loss, steps_per_replica)
+        g_loss = self.train_generator(
+            self._latents(latents, self.d_steps, real), weight
+        )
+        _add_step_mean(self.g_loss_tracker, g_loss, steps_per_replica)
+        return {m.name: m.result() for m in self.metrics}
+
+    def train_discriminator(self, real, latents, weight=None):
+        """One discriminator update on real and generated images.
+
+        Only the discriminator's variables move; the generator runs forward.
+
+        Args:
+            real: A batch of real images.
+            latents: Latent vectors, shape `(batch, latent_dim)`.
+            weight: Optional per-example weights of the real batch (the
+                generated images get the same). Defaults to ones.
+
+        Returns:
+            This replica's share of the discriminator loss.
+        """
+        if weight is None:
+            weight = tf.ones([tf.shape(real)[0]], "float32")
+        fake = self.generator(latents)
+        combined = tf.concat([fake, tf.cast(real, fake.dtype)], axis=0)
+        labels = tf.concat([tf.ones_like(weight), tf.zeros_like(weight)], axis=0)[
+            :, None
+        ]
+        if self.label_noise:
+            noise = tf.random.stateless_uniform(
+                tf.shape(labels), seed=self._replica_seed()
+            )
+            labels += self.label_noise * noise
+        weights = tf.concat([weight, weight], axis=0)
+        variables = self.discriminator.trainable_weights
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(combined)
+            loss = self._mean_loss(labels, predictions, weights, self.discriminator)
+        optimization.minimize(loss, variables, self.d_optimizer, tape)
+        return loss
+
+    def train_generator(self, latents, weight=None):
+        """One generator update against "all real" labels.
+
+        Only the generator's variables move; the discriminator runs forward.
+
+        Args:
+            latents: Latent vectors, shape `(batch, latent_dim)`.
+            weight: Optional per-example weights. Defaults to ones.
+
+        Returns:
+            This replica's share of the generator loss.
+        """
+        if weight is None:
+            weight = tf.ones([tf.shape(latents)[0]], "float32")
+        misleading_labels = tf.zeros_like(weight)[:, None]
+        variables = self.generator.trainable_weights
+        with tf.GradientTape() as tape:
+            predictions = self.discriminator(self.generator(latents))
+            loss = self._mean_loss(
+                misleading_labels, predictions, weight, self.generator
+            )
+        optimization.minimize(loss, variables, self.g_optimizer, tape)
+        return loss
+
+    def _mean_loss(self, labels, predictions, weights, model):
+        # Layer losses first: a later all-reduce may swap them (replica threads).
+        regularization = reduction.scaled_regularization_loss(model.losses)
+        predictions = tf.cast(predictions, "float32")
+        if isinstance(self.loss_fn, keras.losses.Loss):
+            per_example = self.loss_fn.call(labels, predictions)
+        else:
+            per_example = self.loss_fn(labels, predictions)
+        return reduction.global_mean(per_example, weights) + regularization
+
+    def _latents(self, latents, index, real):
+        if latents is not None:
+            return latents[:, index]
+        shape = tf.stack([tf.shape(real)[0], self.latent_dim])
+        return tf.random.stateless_normal(shape, seed=self._replica_seed())
+
+    def _replica_seed(self):
+        """Next seed of the stream, different on every replica."""
+        seed = self.seed_generator.next()
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.random.experimental.stateless_fold_in(seed, replica)
+
+    def fit(self, *args, **kwargs):
+        pairs = self._optimizers_and_models()
+        before = [int(optimizer.iterations.numpy()) for optimizer, _ in pairs]
+        history = super().fit(*args, **kwargs)
+        # Keras finalizes only `self.optimizer` (EMA weights); do both.
+        for (optimizer, model), start in zip(pairs, before):
+            if int(optimizer.iterations.numpy()) > start:
+                optimizer.finalize_variable_values(model.trainable_weights)
+        return history
+
+    def _optimizers_and_models(self):
+        return (
+            (self.d_optimizer, self.discriminator),
+            (self.g_optimizer, self.generator),
+        )
+
+    def make_train_function(self, force=False):
+        if self.train_function is None or force:
+            strategy = self.distribute_strategy
+            for optimizer, model in self._optimizers_and_models():
+                optimization.build_optimizer(
+                    optimizer, model.trainable_weights, strategy
+                )
+        return super().make_train_function(force)
+
+    def test_step(self, data):
+        raise NotImplementedError(
+            "A GAN has no labels to evaluate against. Received: a call to "
+            "`evaluate()`. Generate with `gan(latents)` or `gan.predict(latents)`."
+        )
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "discriminator": keras.saving.serialize_keras_object(self.discriminator),
+            "generator": keras.saving.serialize_keras_object(self.generator),
+            "latent_dim": self.latent_dim,
+            "d_steps": self.d_steps,
+            "label_noise": self.label_noise,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        for key in ("discriminator", "generator"):
+            config[key] = keras.saving.deserialize_keras_object(
+                config[key], custom_objects=custom_objects
+            )
+        return cls(**config)
+
+    def get_compile_config(self):
+        config = getattr(self, "_gan_compile_config", None)
+        return keras.saving.serialize_keras_object(config) if config else {}
+
+    def compile_from_config(self, config):
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        # Build both optimizers so that their saved state can load into them.
+        for optimizer, model in self._optimizers_and_models():
+            optimizer.build(model.trainable_weights)
+
+
+def _add_step_mean(tracker, share, steps_per_replica):
+    """Adds one step's global loss to a `Mean`: shares sum to the loss."""
+    tracker.total.assign_add(tf.cast(share, tracker.dtype))
+    tracker.count.assign_add(tf.cast(steps_per_replica, tracker.dtype))
+
+
+def _check_options(latent_dim, d_steps, label_noise):
+    if not isinstance(latent_dim, int) or latent_dim < 1:
+        raise ValueError(
+            f"Expected `latent_dim` to be an integer >= 1. Received: latent_dim={latent_dim!r}"
+        )
+    if not isinstance(d_steps, int) or d_steps < 1:
+        raise ValueError(f"Expected `d_steps` >= 1. Received: d_steps={d_steps!r}")
+    if not 0.0 <= float(label_noise) <= 1.0:
+        raise ValueError(
+            "Expected `label_noise` between 0 and 1. "
+            f"Received: label_noise={label_noise!r}"
+        )
+
+
+def _check_models(discriminator, generator, latent_dim):
+    for name, model in (("discriminator", discriminator), ("generator", generator)):
+        if not isinstance(model, keras.Model):
+            raise TypeError(
+                f"Expected `{name}` to be a `keras.Model`. "
+                f"Received: {name}={model!r} of type {type(model).__name__}."
+            )
+    generator_input = _static_shape(generator, "inputs")
+    if generator_input is not None and generator_input[-1] != latent_dim:
+        raise ValueError(
+            "Expected `latent_dim` to match the generator's input size "
+            f"{generator_input[-1]} (input shape {generator_input}). Received: "
+            f"latent_dim={latent_dim}. Pass latent_dim={generator_input[-1]}."
+        )
+    output = _static_shape(discriminator, "outputs")
+    if output is not None and tuple(output[1:]) != (1,):
+        raise ValueError(
+            "Expected the discriminator to output one logit per example, "
+            f"shape (batch, 1). Received: discriminator output shape {output}. "
+            "End it with `keras.layers.Dense(1)`."
+        )
+
+
+def _static_shape(model, attribute):
+    try:
+        tensors = getattr(model, attribute)
+    except (AttributeError, ValueError):
+        return None
+    if not tensors or len(tensors) != 1:
+        return None
+    return tuple(tensors[0].shape)
