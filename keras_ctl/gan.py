@@ -259,6 +259,18 @@ class GAN(CTLModel):
             "`evaluate()`. Generate with `gan(latents)` or `gan.predict(latents)`."
         )
 
+    def save_own_variables(self, store):
+        # Keras 3.15 saves no `SeedGenerator` state; the latent stream needs it.
+        super().save_own_variables(store)
+        store[_SEED_KEY] = self.seed_generator.state
+
+    def load_own_variables(self, store):
+        own = self._trainable_variables + self._non_trainable_variables
+        for i, variable in enumerate(own):
+            variable.assign(store[f"{i}"])
+        if _SEED_KEY in store.keys():
+            self.seed_generator.state.assign(store[_SEED_KEY])
+
     def get_config(self):
         return {
             "name": self.name,
@@ -290,6 +302,9 @@ class GAN(CTLModel):
             optimizer.build(model.trainable_weights)
 
 
+_SEED_KEY = "latent_seed_state"
+
+
 def _add_step_mean(tracker, share, steps_per_replica):
     """Adds one step's global loss to a `Mean`: shares sum to the loss."""
     tracker.total.assign_add(tf.cast(share, tracker.dtype))
@@ -299,7 +314,8 @@ def _add_step_mean(tracker, share, steps_per_replica):
 def _check_options(latent_dim, d_steps, label_noise):
     if not isinstance(latent_dim, int) or latent_dim < 1:
         raise ValueError(
-            f"Expected `latent_dim` to be an integer >= 1. Received: latent_dim={latent_dim!r}"
+            "Expected `latent_dim` to be an integer >= 1. "
+            f"Received: latent_dim={latent_dim!r}"
         )
     if not isinstance(d_steps, int) or d_steps < 1:
         raise ValueError(f"Expected `d_steps` >= 1. Received: d_steps={d_steps!r}")
