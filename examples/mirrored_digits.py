@@ -41,23 +41,6 @@ def parse_args():
     return args
 
 
-def make_strategy(replicas):
-    """GPUs when there are enough, otherwise `replicas` logical CPUs."""
-    import tensorflow as tf
-
-    gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= replicas:
-        devices = [f"/gpu:{i}" for i in range(replicas)]
-    else:
-        # Must run before TensorFlow initializes its devices.
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * replicas
-        )
-        devices = [f"/cpu:{i}" for i in range(replicas)]
-    return tf.distribute.MirroredStrategy(devices)
-
-
 def tutorial_cnn(model_class, input_shape):
     """The CNN of the TensorFlow distributed-training tutorial."""
     import keras
@@ -117,13 +100,14 @@ def max_difference(model, reference):
 def main():
     args = parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    strategy = make_strategy(args.replicas)
-
     import keras
     import tensorflow as tf
 
     import keras_ctl
     from keras_ctl import datasets
+    from keras_ctl import strategies
+
+    strategy = strategies.local_mirrored_strategy(args.replicas)
 
     data = datasets.load("digits")
     global_batch = args.batch_size * strategy.num_replicas_in_sync

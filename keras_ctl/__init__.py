@@ -20,6 +20,7 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover
     )
 
 from keras_ctl import datasets
+from keras_ctl import strategies
 from keras_ctl.ctl_model import CTLModel
 from keras_ctl.gan import GAN
 from keras_ctl.optimization import minimize
@@ -43,4 +44,5 @@ __all__ = [
     "global_mean",
     "minimize",
     "scaled_regularization_loss",
+    "strategies",
 ]

@@ -53,3 +53,46 @@ def test_mirrored_digits_rejects_zero_replicas():
     )
     assert result.returncode == 2
     assert "Received: --replicas 0" in result.stderr
+
+
+def test_dcgan_digits_writes_a_sample_grid_per_epoch(tmp_path):
+    import matplotlib.image
+
+    out = tmp_path / "gan"
+    run_example("dcgan_digits.py", "--epochs", "2", "--out", str(out))
+    grids = sorted(out.glob("samples_epoch_*.png"))
+    assert [p.name for p in grids] == ["samples_epoch_001.png", "samples_epoch_002.png"]
+    pixels = matplotlib.image.imread(grids[-1])
+    assert pixels.shape[:2] == (200, 200) and pixels.std() > 0.05
+    history = json.loads((out / "history.json").read_text())
+    assert set(history) == {"d_loss", "g_loss"} and len(history["g_loss"]) == 2
+    assert all(0.0 < value < 10.0 for value in history["d_loss"] + history["g_loss"])
+    assert (out / "gan.keras").stat().st_size > 10_000
+
+
+def scalar_events(logdir):
+    import tensorflow as tf
+
+    values = {}
+    for path in logdir.glob("events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(str(path)):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            for value in event.summary.value:
+                values.setdefault(value.tag, []).append(event.step)
+    return values
+
+
+def test_trunk_and_heads_freezes_the_trunk_and_saves_it_alone(tmp_path):
+    out = tmp_path / "heads"
+    run_example("trunk_and_heads.py", "--epochs", "2", "--out", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert report["trunk_change_while_fine_tuning"] == 0.0
+    assert report["parity_head_change"] > 1e-3
+    assert report["reloaded_trunk_feature_difference"] == 0.0
+    assert report["class_test_accuracy"] > 0.3
+    # Conv 160 + dense 32*36*16+32 from the trunk, plus a new 10-way head.
+    assert report["new_model_parameters"] == 160 + 18464 + 330
+    assert (out / "trunk.keras").stat().st_size > 10_000
+    for phase in ("class_path", "parity_head"):
+        steps = scalar_events(out / "logs" / phase)
+        assert steps["loss"] == [0, 1]
