@@ -19,6 +19,7 @@ if _keras.backend.backend() != "tensorflow":  # pragma: no cover
         "`KERAS_BACKEND=tensorflow` before importing Keras."
     )
 
+from keras_ctl import callbacks
 from keras_ctl import datasets
 from keras_ctl import strategies
 from keras_ctl.ctl_model import CTLModel
@@ -40,6 +41,7 @@ __all__ = [
     "ReplicaSum",
     "Synchronized",
     "all_reduce_sum",
+    "callbacks",
     "datasets",
     "global_mean",
     "minimize",

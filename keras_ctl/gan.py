@@ -115,6 +115,13 @@ class GAN(CTLModel):
             "g_optimizer": self.g_optimizer,
             "loss_fn": self.loss_fn,
         }
+        # Build both optimizers now, so that a backup or checkpoint (stock
+        # `BackupAndRestore` included) can restore their state before fit.
+        if self.built:
+            for optimizer, model in self._optimizers_and_models():
+                optimization.build_optimizer(
+                    optimizer, model.trainable_weights, self.distribute_strategy
+                )
 
     def _with_loss_scale(self, optimizer):
         # Each optimizer keeps its own dynamic loss scale.
@@ -296,10 +303,8 @@ class GAN(CTLModel):
         return keras.saving.serialize_keras_object(config) if config else {}
 
     def compile_from_config(self, config):
+        # `compile()` builds both optimizers, so their saved state loads.
         self.compile(**keras.saving.deserialize_keras_object(config))
-        # Build both optimizers so that their saved state can load into them.
-        for optimizer, model in self._optimizers_and_models():
-            optimizer.build(model.trainable_weights)
 
 
 _SEED_KEY = "latent_seed_state"

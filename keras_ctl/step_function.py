@@ -68,6 +68,7 @@ def make_step_function(model, step):
         multi_step = tf.function(multi_step, reduce_retracing=True)
 
     def function(iterator):
+        _resume_mid_epoch(model, iterator, steps)
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             return multi_step(iterator)
         # `train_on_batch` and friends pass a plain Python iterator.
@@ -76,6 +77,29 @@ def make_step_function(model, step):
         return logs
 
     return function
+
+
+def _resume_mid_epoch(model, iterator, steps):
+    """Skips the batches a killed run trained on, set by `BackupAndRestore`.
+
+    `model._ctl_resume` is `{"skip": batches trained, "left": batches left
+    in the epoch or None}`. Keras still calls the train function once per
+    batch of the whole epoch, so the calls past the data end the epoch here,
+    before a step runs: a step that runs out of data mid-way may already
+    have advanced stateful ops such as random generators.
+    """
+    resume = model.__dict__.get("_ctl_resume")
+    if not resume:
+        return
+    for _ in range(resume.pop("skip", 0)):
+        next(iterator)
+    if resume["left"] is None:
+        model.__dict__.pop("_ctl_resume")
+        return
+    if resume["left"] <= 0:
+        model.__dict__.pop("_ctl_resume")
+        raise StopIteration
+    resume["left"] -= steps
 
 
 def make_predict_function(model):

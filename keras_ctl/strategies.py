@@ -51,3 +51,66 @@ def local_mirrored_strategy(replicas):
                 "TensorFlow call, or use fewer replicas."
             ) from error
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+
+
+def multi_worker_strategy():
+    """Returns a `MultiWorkerMirroredStrategy` for the cluster in `TF_CONFIG`.
+
+    Call it first in the script, before other TensorFlow calls (TensorFlow
+    must configure its collectives before it starts). Under
+    `python -m keras_ctl.launch`, `TF_CONFIG` names the local workers.
+
+    Raises:
+        RuntimeError: if `TF_CONFIG` is not set.
+
+    Example:
+
+    ```python
+    strategy = keras_ctl.strategies.multi_worker_strategy()
+    with strategy.scope():
+        model = build_and_compile_model()
+    model.fit(dataset, epochs=3)
+    ```
+    """
+    import os
+
+    if not os.environ.get("TF_CONFIG"):
+        raise RuntimeError(
+            "MultiWorkerMirroredStrategy needs the cluster in `TF_CONFIG`. "
+            "Received: no TF_CONFIG. Start the script with "
+            "`python -m keras_ctl.launch --workers N -- python script.py`, "
+            "or set TF_CONFIG on every machine."
+        )
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def is_chief(strategy=None):
+    """Returns whether this process should write checkpoints and models.
+
+    True for a single process and for the chief of a multi-worker cluster
+    (the `chief` task, or worker 0 when there is none). The TensorFlow
+    convention: every worker saves, the chief to the real path, the others
+    to a temporary one they delete.
+
+    Args:
+        strategy: The strategy in use. Defaults to the current one.
+
+    Example:
+
+    ```python
+    path = "model.keras" if keras_ctl.strategies.is_chief() else tmp_path
+    model.save(path)
+    ```
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict() if resolver else {}
+    if not cluster or resolver.task_type == "chief":
+        return True
+    return (
+        resolver.task_type == "worker"
+        and resolver.task_id == 0
+        and "chief" not in cluster
+    )

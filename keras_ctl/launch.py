@@ -1,0 +1,166 @@
+"""Run a training script as N workers of a local multi-worker cluster.
+
+    python -m keras_ctl.launch --workers 2 [--devices-per-worker K] -- \\
+        python train.py --epochs 3
+
+Picks free ports on 127.0.0.1, gives each worker its `TF_CONFIG`, streams
+every worker's output with a `[worker i]` prefix, and when one worker fails
+or is killed, stops the others and exits non-zero within `--grace` seconds:
+a collective never waits forever for a dead peer.
+
+The script builds `tf.distribute.MultiWorkerMirroredStrategy()` (or
+`keras_ctl.strategies.multi_worker_strategy()`), which reads `TF_CONFIG`. On
+real machines, run the same script once per machine with `TF_CONFIG` (or a
+cluster resolver such as `SlurmClusterResolver`) describing the cluster;
+this launcher is only the local stand-in.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+DEVICES_ENV = "KERAS_CTL_DEVICES_PER_WORKER"
+
+
+def free_ports(count):
+    """Returns `count` distinct free TCP ports on 127.0.0.1."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def tf_config(addresses, index):
+    """The `TF_CONFIG` of worker `index` in a cluster of `addresses`."""
+    return json.dumps(
+        {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
+    )
+
+
+def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out=None):
+    """Runs `command` as `workers` local workers; returns the exit code.
+
+    Args:
+        command: The command line of one worker (a list of strings).
+        workers: Number of worker processes, >= 1.
+        devices_per_worker: Logical devices each worker should use; passed in
+            the `KERAS_CTL_DEVICES_PER_WORKER` environment variable.
+            Defaults to `1`.
+        grace: Seconds between SIGTERM and SIGKILL when stopping the
+            others after a failure. Defaults to `10.0`.
+        timeout: Optional wall-clock limit for the whole job, in seconds.
+        out: Stream for the prefixed output. Defaults to `sys.stdout`.
+
+    Returns:
+        0 when every worker succeeded; otherwise the first failing worker's
+        exit code (128 + signal number for a killed worker), or 124 on
+        timeout.
+    """
+    out = out or sys.stdout
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
+    processes = []
+    lock = threading.Lock()
+    for index in range(workers):
+        env = dict(
+            os.environ,
+            TF_CONFIG=tf_config(addresses, index),
+            **{DEVICES_ENV: str(devices_per_worker)},
+        )
+        process = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # its own group, to stop its children too
+        )
+        processes.append(process)
+        threading.Thread(
+            target=_stream, args=(process, f"[worker {index}] ", out, lock), daemon=True
+        ).start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    code = _wait(processes, deadline)
+    if code != 0:
+        _stop(processes, grace)
+    for process in processes:
+        process.wait()
+    return code
+
+
+def _stream(process, prefix, out, lock):
+    for line in process.stdout:
+        with lock:
+            out.write(prefix + line)
+            out.flush()
+
+
+def _wait(processes, deadline):
+    while True:
+        codes = [process.poll() for process in processes]
+        failed = [code for code in codes if code not in (None, 0)]
+        if failed:
+            code = failed[0]
+            return 128 - code if code < 0 else code
+        if all(code == 0 for code in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            return 124
+        time.sleep(0.1)
+
+
+def _stop(processes, grace):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for process in processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, sig)
+                except ProcessLookupError:
+                    pass
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(p.poll() is None for p in processes):
+            time.sleep(0.1)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_ctl.launch",
+        description="Run a training script as N local workers (TF_CONFIG on 127.0.0.1).",
+    )
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--devices-per-worker", type=int, default=1)
+    parser.add_argument("--grace", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("Expected a command after `--`. Received: no command.")
+    if args.workers < 1 or args.devices_per_worker < 1:
+        parser.error(
+            "--workers and --devices-per-worker must be >= 1. Received: "
+            f"--workers {args.workers} --devices-per-worker {args.devices_per_worker}"
+        )
+    return launch(
+        command,
+        args.workers,
+        devices_per_worker=args.devices_per_worker,
+        grace=args.grace,
+        timeout=args.timeout,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

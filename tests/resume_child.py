@@ -1,0 +1,96 @@
+"""A training run that may SIGKILL itself, for the resume tests.
+
+Usage: python resume_child.py CONFIG_JSON
+
+CONFIG_JSON keys: model ("ctl" or "gan"), strategy ("default", "mirrored2"
+or "multiworker"), backup_dir, output (JSON written at the end), callback
+("keras_ctl" or "keras"), save_freq ("epoch" or an int), kill (null, or
+[epoch, batch] with batch -1 meaning "right after the epoch's backup"),
+marker (a file: the kill happens only if it does not exist yet).
+"""
+
+import json
+import os
+import signal
+import sys
+
+config = json.loads(sys.argv[1])
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from keras_ctl import strategies  # noqa: E402
+
+if config["strategy"] == "multiworker":
+    strategy = strategies.multi_worker_strategy()
+elif config["strategy"] == "mirrored2":
+    strategy = strategies.local_mirrored_strategy(2)
+else:
+    strategy = None
+
+import cases  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_ctl  # noqa: E402
+
+strategy = strategy or tf.distribute.get_strategy()
+EPOCHS = 3
+
+
+class KillOnce(keras.callbacks.Callback):
+    """SIGKILLs this process at (epoch, batch), once (a marker file remembers)."""
+
+    def __init__(self, epoch, batch, marker):
+        super().__init__()
+        self.at, self.marker, self.epoch = (epoch, batch), marker, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def _maybe_kill(self, batch):
+        if (self.epoch, batch) == self.at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._maybe_kill(batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._maybe_kill(-1)
+
+
+keras.utils.set_random_seed(0)
+with strategy.scope():
+    if config["model"] == "gan":
+        model = cases.build_gan(label_noise=0.05)  # random mode: the stream matters
+        model.compile(
+            d_optimizer=keras.optimizers.Adam(3e-3),
+            g_optimizer=keras.optimizers.Adam(4e-3),
+        )
+        data = {"x": cases.gan_data()[0]}
+    else:
+        model, fit_kwargs, _ = cases.build("uneven", keras_ctl.CTLModel)
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=model.loss,
+            metrics=["accuracy"],
+        )
+        data = {"x": fit_kwargs["x"][:300], "y": fit_kwargs["y"][:300]}
+
+save_freq = config["save_freq"]
+backup_class = (
+    keras_ctl.callbacks.BackupAndRestore
+    if config["callback"] == "keras_ctl"
+    else keras.callbacks.BackupAndRestore
+)
+callbacks = [backup_class(config["backup_dir"], save_freq=save_freq)]
+if config["kill"]:
+    callbacks.append(KillOnce(*config["kill"], config["marker"]))
+model.fit(
+    **data, batch_size=32, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks
+)
+
+index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"][
+    "index"
+]
+with open(f"{config['output']}.{index}", "w") as f:
+    json.dump({"weights": [w.tolist() for w in model.get_weights()]}, f)

@@ -1,0 +1,120 @@
+"""A fit() killed with SIGKILL and restarted ends like an uninterrupted run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 300
+
+
+def run_child(config, workers=None):
+    """Runs one training process (or a job of `workers`); returns its exit code."""
+    command = [
+        sys.executable,
+        os.path.join(HERE, "resume_child.py"),
+        json.dumps(config),
+    ]
+    if workers:
+        command = [
+            sys.executable,
+            "-m",
+            "keras_ctl.launch",
+            "--workers",
+            str(workers),
+            "--grace",
+            "5",
+            "--",
+        ] + command
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        command, cwd=HERE, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    return result.returncode, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def final_weights(path):
+    with open(path) as f:
+        return [np.array(w) for w in json.load(f)["weights"]]
+
+
+def interrupted_and_uninterrupted(tmp_path, workers=None, **config):
+    base = {
+        "backup_dir": None,
+        "callback": "keras_ctl",
+        "save_freq": "epoch",
+        "kill": None,
+        "marker": str(tmp_path / "killed"),
+        **config,
+    }
+    reference = dict(
+        base,
+        backup_dir=str(tmp_path / "ref_backup"),
+        output=str(tmp_path / "reference"),
+        kill=None,
+    )
+    code, log = run_child(reference, workers)
+    assert code == 0, log
+    resumed = dict(
+        base, backup_dir=str(tmp_path / "backup"), output=str(tmp_path / "resumed")
+    )
+    code, log = run_child(resumed, workers)
+    assert code != 0, "the first run should have been killed:\n" + log
+    assert os.path.exists(resumed["marker"])
+    assert os.listdir(resumed["backup_dir"]), "no backup was written before the kill"
+    code, log = run_child(resumed, workers)
+    assert code == 0, log
+    return reference["output"], resumed["output"]
+
+
+CASES = {
+    # name: (config, workers)
+    "ctl_epoch_stock_keras": (
+        {"model": "ctl", "strategy": "default", "callback": "keras", "kill": [1, -1]},
+        None,
+    ),
+    "ctl_mid_epoch": (
+        {"model": "ctl", "strategy": "default", "save_freq": 3, "kill": [1, 4]},
+        None,
+    ),
+    "ctl_mid_epoch_2_replicas": (
+        {"model": "ctl", "strategy": "mirrored2", "save_freq": 3, "kill": [1, 4]},
+        None,
+    ),
+    "gan_epoch_stock_keras": (
+        {"model": "gan", "strategy": "default", "callback": "keras", "kill": [1, -1]},
+        None,
+    ),
+    "gan_mid_epoch": (
+        {"model": "gan", "strategy": "default", "save_freq": 2, "kill": [0, 2]},
+        None,
+    ),
+    "gan_epoch_2_replicas": (
+        {"model": "gan", "strategy": "mirrored2", "kill": [0, -1]},
+        None,
+    ),
+    "gan_mid_epoch_2_replicas": (
+        {"model": "gan", "strategy": "mirrored2", "save_freq": 2, "kill": [0, 2]},
+        None,
+    ),
+    "ctl_two_workers_relaunched": (
+        {"model": "ctl", "strategy": "multiworker", "kill": [1, -1]},
+        2,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_resume_after_sigkill_matches_uninterrupted_run(name, tmp_path):
+    config, workers = CASES[name]
+    reference, resumed = interrupted_and_uninterrupted(tmp_path, workers, **config)
+    for index in range(workers or 1):
+        got = final_weights(f"{resumed}.{index}")
+        want = final_weights(f"{reference}.0")
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
