@@ -235,3 +235,39 @@ def run_gan(strategy=None, epochs=EPOCHS, batch_size=16):
             int(gan.g_optimizer.iterations.numpy()),
         ],
     }
+
+
+def run_dataset(case, strategy=None, shard_policy="AUTO"):
+    """Like `run`, but fits a batched `tf.data.Dataset` with a shard policy."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, fit_kwargs, _ = build(case, keras_ctl.CTLModel)
+    dataset = tf.data.Dataset.from_tensor_slices((fit_kwargs["x"], fit_kwargs["y"]))
+    dataset = dataset.batch(fit_kwargs["batch_size"])
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(
+        tf.data.experimental.AutoShardPolicy, shard_policy
+    )
+    history = model.fit(dataset.with_options(options), epochs=EPOCHS, verbose=0).history
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "history": {k: [float(v) for v in vs] for k, vs in history.items()},
+    }
+
+
+def run_predict(strategy=None):
+    """Predictions of the "uneven" model on 37 examples, batch 8."""
+    import tensorflow as tf
+
+    strategy = strategy or tf.distribute.get_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model, fit_kwargs, _ = build("uneven", keras_ctl.CTLModel)
+    return {
+        "predictions": model.predict(
+            fit_kwargs["x"][:37], batch_size=8, verbose=0
+        ).tolist()
+    }

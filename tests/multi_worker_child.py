@@ -23,6 +23,10 @@ results = {}
 for name in names:
     if name == "gan":
         results[name] = cases.run_gan(strategy)
+    elif name == "dataset_data_policy":
+        results[name] = cases.run_dataset("uneven", strategy, "DATA")
+    elif name == "predict":
+        results[name] = cases.run_predict(strategy)
     else:
         results[name] = cases.run(name, strategy=strategy)
 with open(os.path.join(output_dir, f"worker_{index}.json"), "w") as f:

@@ -1,0 +1,122 @@
+"""Checkpoints across strategies, SavedModel export, corrupted backups."""
+
+import keras
+import numpy as np
+import pytest
+import strategies
+import tensorflow as tf
+
+import keras_ctl
+
+
+def data(n=53):
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 5), dtype=np.float32)
+    return x, (x.sum(axis=1) > 2.5).astype("int32")
+
+
+def make_model(kind, seed=1):
+    keras.utils.set_random_seed(seed)
+    with strategies.get(kind).scope():
+        inputs = keras.Input((5,))
+        h = keras.layers.Dense(8, activation="relu")(inputs)
+        model = keras_ctl.CTLModel(inputs, keras.layers.Dense(2)(h))
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    return model
+
+
+@pytest.mark.parametrize(
+    "source, target", [("mirrored", "default"), ("default", "mirrored")]
+)
+def test_tf_checkpoint_restores_across_strategies(source, target, tmp_path):
+    x, y = data()
+    trained = make_model(source)
+    trained.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    checkpoint = tf.train.Checkpoint(model=trained, optimizer=trained.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+    path = manager.save()
+    assert tf.train.latest_checkpoint(str(tmp_path)) == path
+
+    restored = make_model(target, seed=2)
+    with strategies.get(target).scope():
+        restored.optimizer.build(restored.trainable_variables)
+        status = tf.train.Checkpoint(
+            model=restored, optimizer=restored.optimizer
+        ).restore(path)
+    status.assert_existing_objects_matched()
+    np.testing.assert_allclose(
+        restored.predict(x, verbose=0), trained.predict(x, verbose=0), atol=1e-6
+    )
+    assert int(restored.optimizer.iterations.numpy()) == 7
+
+
+def test_keras_file_saved_under_mirrored_loads_without_a_strategy(tmp_path):
+    x, y = data()
+    model = make_model("mirrored")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert isinstance(loaded, keras_ctl.CTLModel)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
+
+
+def test_export_serving_signature_matches_predict(tmp_path):
+    x, y = data()
+    model = make_model("mirrored")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.export(str(tmp_path / "saved"), verbose=False)
+    served = tf.saved_model.load(str(tmp_path / "saved"))
+    np.testing.assert_allclose(
+        served.serve(x).numpy(), model.predict(x, verbose=0), atol=1e-6
+    )
+
+
+def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
+    x, y = data()
+    reference = make_model("default")
+    reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+
+    backup = tmp_path / "backup"
+    first = make_model("default")
+    first.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            keras_ctl.callbacks.BackupAndRestore(str(backup), delete_checkpoint=False)
+        ],
+    )
+    latest = backup / "latest.weights.h5"
+    assert latest.exists() and len(list(backup.iterdir())) == 4  # latest + previous
+    latest.write_bytes(b"not an HDF5 file")  # a crash while writing, say
+
+    second = make_model("default")
+    with pytest.warns(
+        UserWarning, match=r"latest backup .* could not be read.*previous"
+    ):
+        second.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=3,
+            shuffle=False,
+            verbose=0,
+            callbacks=[keras_ctl.callbacks.BackupAndRestore(str(backup))],
+        )
+    # Resumed after epoch 1 from the previous backup: epochs 2 and 3 ran.
+    for got, want in zip(second.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    assert not backup.exists()  # deleted after a successful run
+
+
+def test_backup_dir_is_required():
+    with pytest.raises(ValueError, match=r"Received: backup_dir=''"):
+        keras_ctl.callbacks.BackupAndRestore("")

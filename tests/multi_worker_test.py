@@ -1,0 +1,161 @@
+"""CTLModel and GAN under MultiWorkerMirroredStrategy: 2 worker processes on
+127.0.0.1, started by `python -m keras_ctl.launch`, equal to one device."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import cases
+import keras
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NAMES = [
+    "uneven",
+    "empty_replica",
+    "multi_output",
+    "gan",
+    "dataset_data_policy",
+    "predict",
+]
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("workers")
+    command = [
+        sys.executable,
+        "-m",
+        "keras_ctl.launch",
+        "--workers",
+        "2",
+        "--timeout",
+        "400",
+        "--",
+        sys.executable,
+        os.path.join(HERE, "multi_worker_child.py"),
+        str(out),
+        *NAMES,
+    ]
+    result = subprocess.run(
+        command,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=450,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "[worker 0] " in result.stdout or result.stdout == ""
+    return [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
+
+
+def reference(name):
+    if name == "gan":
+        return cases.run_gan()
+    if name == "dataset_data_policy":
+        return cases.run("uneven", model_class=keras.Model)
+    if name == "predict":
+        keras.utils.set_random_seed(0)
+        model, fit_kwargs, _ = cases.build("uneven", keras.Model)
+        return {"predictions": keras.ops.convert_to_numpy(model(fit_kwargs["x"][:37]))}
+    return cases.run(name, model_class=keras.Model)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_two_workers_match_one_device(name, worker_results):
+    expected = reference(name)
+    for worker in worker_results:
+        got = worker[name]
+        if name == "predict":
+            np.testing.assert_allclose(
+                got["predictions"], expected["predictions"], atol=1e-5
+            )
+            continue
+        for g, e in zip(got["weights"], expected["weights"], strict=True):
+            np.testing.assert_allclose(g, e, atol=1e-5, rtol=0)
+        for key in expected["history"]:
+            np.testing.assert_allclose(
+                got["history"][key], expected["history"][key], atol=1e-5
+            )
+        if "evaluate" in got:  # not recorded for the dataset case
+            for key, value in expected["evaluate"].items():
+                assert got["evaluate"][key] == pytest.approx(value, abs=1e-5)
+
+
+def test_launcher_stops_the_job_when_a_worker_is_killed():
+    script = (
+        "import json, os, signal, time\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        "print('started', index, os.environ['KERAS_CTL_DEVICES_PER_WORKER'], flush=True)\n"
+        "if index == 1:\n"
+        "    time.sleep(1)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(600)\n"
+    )
+    start = time.monotonic()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_ctl.launch",
+            "--workers",
+            "2",
+            "--grace",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    assert result.returncode == 128 + 9  # the killed worker's SIGKILL
+    assert elapsed < 60
+    assert "[worker 0] started 0 1" in result.stdout
+    assert "[worker 1] started 1 1" in result.stdout
+
+
+def test_launcher_passes_tf_config_and_succeeds():
+    script = (
+        "import json, os\n"
+        "config = json.loads(os.environ['TF_CONFIG'])\n"
+        "print(len(config['cluster']['worker']), config['task'], flush=True)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_ctl.launch",
+            "--workers",
+            "3",
+            "--",
+            sys.executable,
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    for index in range(3):
+        line = f"[worker {index}] 3 {{'type': 'worker', 'index': {index}}}"
+        assert line in result.stdout
+
+
+def test_launcher_rejects_zero_workers():
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_ctl.launch", "--workers", "0", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Received: --workers 0" in result.stderr
