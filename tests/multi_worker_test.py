@@ -90,7 +90,8 @@ def test_launcher_stops_the_job_when_a_worker_is_killed():
     script = (
         "import json, os, signal, time\n"
         "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
-        "print('started', index, os.environ['KERAS_CTL_DEVICES_PER_WORKER'], flush=True)\n"
+        "devices = os.environ['KERAS_CTL_DEVICES_PER_WORKER']\n"
+        "print('started', index, devices, flush=True)\n"
         "if index == 1:\n"
         "    time.sleep(1)\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
