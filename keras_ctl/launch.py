@@ -55,9 +55,11 @@ def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out
     Args:
         command: The command line of one worker (a list of strings).
         workers: Number of worker processes, >= 1.
-        devices_per_worker: Logical devices each worker should use; passed in
-            the `KERAS_CTL_DEVICES_PER_WORKER` environment variable.
-            Defaults to `1`.
+        devices_per_worker: GPUs of this machine each worker gets (through
+            `CUDA_VISIBLE_DEVICES`, unless it is set already), also passed in
+            `KERAS_CTL_DEVICES_PER_WORKER`. On a CPU-only machine each worker
+            has one replica: `MultiWorkerMirroredStrategy` uses one CPU
+            device per worker. Defaults to `1`.
         grace: Seconds between SIGTERM and SIGKILL when stopping the
             others after a failure. Defaults to `10.0`.
         timeout: Optional wall-clock limit for the whole job, in seconds.
@@ -78,6 +80,11 @@ def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out
             TF_CONFIG=tf_config(addresses, index),
             **{DEVICES_ENV: str(devices_per_worker)},
         )
+        if "CUDA_VISIBLE_DEVICES" not in os.environ:
+            # Worker i gets GPUs [i*K, (i+1)*K); CPU-only machines ignore it.
+            first = index * devices_per_worker
+            gpus = range(first, first + devices_per_worker)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in gpus)
         process = subprocess.Popen(
             command,
             env=env,
