@@ -34,7 +34,22 @@ from keras_ctl.reduction import scaled_regularization_loss
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # keras-tuner is optional: import the hook only when it is asked for.
+    if name == "CTLHyperModel":
+        from keras_ctl.tuning import CTLHyperModel
+
+        return CTLHyperModel
+    if name == "tuning":
+        import importlib
+
+        return importlib.import_module("keras_ctl.tuning")
+    raise AttributeError(f"module 'keras_ctl' has no attribute {name!r}")
+
+
 __all__ = [
+    "CTLHyperModel",
     "CTLModel",
     "ExampleMean",
     "GAN",

@@ -5,6 +5,7 @@ import tensorflow as tf
 from keras import tree
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
+from keras.src.saving import object_registration
 
 from keras_ctl import compiled_loss
 from keras_ctl import optimization
@@ -61,11 +62,12 @@ class CTLModel(keras.Model):
     """
 
     def __new__(cls, *args, **kwargs):
-        # Keras 3.15 makes a `Model` subclass functional by rewriting its
-        # `__bases__` for good, which would break every subclassed CTLModel
-        # in the process. A dedicated functional class avoids that.
-        if cls is CTLModel and functional_init_arguments(args, kwargs):
-            return super().__new__(FunctionalCTLModel)
+        # Keras 3.15 makes a `Model` subclass functional by rewriting the
+        # `__bases__` of its whole hierarchy for good: after one
+        # `MyStep(inputs, outputs)`, every subclassed CTLModel (GAN too)
+        # would become functional. A functional variant of `cls` avoids it.
+        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+            cls = _functional_variant(cls)
         return super().__new__(cls)
 
     @classmethod
@@ -262,10 +264,24 @@ class CTLModel(keras.Model):
         return self.get_metrics_result()
 
 
-@keras.saving.register_keras_serializable(package="keras_ctl")
-class FunctionalCTLModel(CTLModel, Functional):
-    """A `CTLModel` built from inputs and outputs: `CTLModel(inputs, outputs)`
-    returns one. Not constructed directly."""
+_FUNCTIONAL_VARIANTS = {}
+
+
+def _functional_variant(cls):
+    """`cls` with `Functional` mixed in, serialized under `cls`'s name."""
+    if cls not in _FUNCTIONAL_VARIANTS:
+        variant = type(
+            cls.__name__,
+            (cls, Functional),
+            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+        # Saved files name the user's class, which rebuilds this variant:
+        # register the variant under `cls`'s name (Keras 3.15 registry).
+        object_registration.GLOBAL_CUSTOM_NAMES[variant] = (
+            keras.saving.get_registered_name(cls)
+        )
+        _FUNCTIONAL_VARIANTS[cls] = variant
+    return _FUNCTIONAL_VARIANTS[cls]
 
 
 def _add_share(tracker, share, global_weight, local_weight):

@@ -377,3 +377,25 @@ def test_cases_module_builds_every_case():
         model, fit_kwargs, _ = cases.build(case, keras_ctl.CTLModel)
         assert fit_kwargs["epochs"] == cases.EPOCHS
         assert model.count_params() > 0
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class FunctionalStepper(keras_ctl.CTLModel):
+    """A CTLModel subclass used functionally, as in the keras.io guide."""
+
+
+def test_functional_use_of_a_subclass_keeps_other_subclasses_intact(tmp_path):
+    model = functional(FunctionalStepper)
+    # Keras would have rewritten CTLModel's bases to make it functional.
+    assert keras_ctl.CTLModel.__bases__ == (keras.Model,)
+    subclassed = TwoLayer()
+    subclassed(np.zeros((1, 4), "float32"))
+    assert len(subclassed.weights) == 4
+    compile_classifier(model)
+    model.save(tmp_path / "stepper.keras")
+    loaded = keras.models.load_model(tmp_path / "stepper.keras", safe_mode=True)
+    assert isinstance(loaded, FunctionalStepper)
+    x, _ = small_data(5)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0)
+    )

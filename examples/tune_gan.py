@@ -1,0 +1,90 @@
+"""Search a GAN's two learning rates and discriminator steps with keras-tuner.
+
+Runs `keras_tuner.RandomSearch` over `keras_ctl.GAN` on the bundled digits,
+under `MirroredStrategy`, minimising the generator loss `g_loss`, with the
+batch size tuned per replica. Prints every trial and the best one; writes
+the tuner's files under `--out`.
+
+Usage:
+    python examples/tune_gan.py [--replicas 2] [--trials 4] [--epochs 2] [--out DIR]
+"""
+
+import argparse
+import os
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default="runs/tune_gan")
+    args = parser.parse_args()
+    for flag in ("replicas", "trials", "epochs"):
+        if getattr(args, flag) < 1:
+            parser.error(
+                f"--{flag} must be >= 1. Received: --{flag} {getattr(args, flag)}"
+            )
+    return args
+
+
+def main():
+    args = parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import keras_tuner
+    import numpy as np
+
+    import keras_ctl
+    from keras_ctl import datasets
+    from keras_ctl import strategies
+
+    strategy = strategies.local_mirrored_strategy(args.replicas)
+
+    class DigitsGAN(keras_ctl.CTLHyperModel):
+        def build(self, hp):
+            from dcgan_digits import build_models
+
+            discriminator, generator = build_models(latent_dim=32)
+            gan = keras_ctl.GAN(
+                discriminator=discriminator,
+                generator=generator,
+                latent_dim=32,
+                d_steps=hp.Int("d_steps", 1, 2),
+                seed=0,
+            )
+            gan.compile(
+                d_optimizer=keras.optimizers.Adam(
+                    hp.Float("d_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
+                ),
+                g_optimizer=keras.optimizers.Adam(
+                    hp.Float("g_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
+                ),
+            )
+            return gan
+
+    (x_train, _), (x_test, _) = datasets.load("digits")
+    images = np.concatenate([x_train, x_test])
+    tuner = keras_tuner.RandomSearch(
+        DigitsGAN(batch_sizes_per_replica=[16, 32]),
+        objective=keras_ctl.tuning.objective("g_loss"),
+        max_trials=args.trials,
+        distribution_strategy=strategy,
+        directory=args.out,
+        project_name="gan",
+        overwrite=True,
+        seed=0,
+    )
+    tuner.search(images, epochs=args.epochs, verbose=0)
+    for trial in sorted(tuner.oracle.trials.values(), key=lambda t: int(t.trial_id)):
+        print(
+            f"trial {trial.trial_id}: g_loss={trial.score:.4f} {trial.hyperparameters.values}"
+        )
+    best = tuner.oracle.get_best_trials(1)[0]
+    print(
+        f"best trial {best.trial_id}: g_loss={best.score:.4f} {best.hyperparameters.values}"
+    )
+
+
+if __name__ == "__main__":
+    main()

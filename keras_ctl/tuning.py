@@ -1,0 +1,112 @@
+"""keras-tuner hook: search the hyperparameters a custom step uses.
+
+Imported lazily (`keras_ctl.CTLHyperModel`), so `import keras_ctl` works
+without keras-tuner.
+"""
+
+try:
+    import keras_tuner
+except ImportError as error:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "keras_ctl.CTLHyperModel needs keras-tuner, which is not installed. "
+        "Install it with `pip install 'keras-ctl[tune]'`."
+    ) from error
+
+
+class CTLHyperModel(keras_tuner.HyperModel):
+    """A `keras_tuner.HyperModel` for `CTLModel` and `GAN`.
+
+    Implement `build(hp)` to return a compiled `keras_ctl.CTLModel` or
+    `keras_ctl.GAN` (build a GAN's `d_steps` and `label_noise`, or any
+    regularization weight, from `hp`). On top of keras-tuner's own hook this
+    class:
+
+    - tunes the batch size **per replica**: `fit()` gets
+      `batch_size = per_replica * replicas` of the strategy the model was
+      built under (the tuner's `distribution_strategy`), so a search on 2
+      GPUs and one on 8 explore the same per-device batches;
+    - sets `model.hyperparameters` to the trial's values before `fit()`, so
+      a custom `train_step` can read them (`self.hyperparameters["reg"]`).
+
+    Use `keras_ctl.tuning.objective("g_loss")` for objectives that
+    keras-tuner cannot infer the direction of.
+
+    Args:
+        batch_sizes_per_replica: A list of per-replica batch sizes to search
+            (`hp.Choice("batch_size_per_replica", ...)`), one fixed int, or
+            `None` to leave `fit()`'s `batch_size` alone. Defaults to `None`.
+        name: Optional name of the hypermodel.
+        tunable: Whether the hyperparameters defined here are tunable.
+            Defaults to `True`.
+
+    Example:
+
+    ```python
+    class Classifier(keras_ctl.CTLHyperModel):
+        def build(self, hp):
+            model = keras_ctl.CTLModel(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.Adam(
+                hp.Float("lr", 1e-4, 1e-2, sampling="log")), loss=..., metrics=["accuracy"])
+            return model
+
+    tuner = keras_tuner.RandomSearch(
+        Classifier(batch_sizes_per_replica=[16, 32]), objective="val_accuracy",
+        max_trials=5, distribution_strategy=strategy)
+    tuner.search(x, y, epochs=2, validation_data=(x_val, y_val))
+    ```
+    """
+
+    def __init__(self, batch_sizes_per_replica=None, name=None, tunable=True):
+        super().__init__(name=name, tunable=tunable)
+        choices = batch_sizes_per_replica
+        if choices is not None:
+            values = [choices] if isinstance(choices, int) else list(choices)
+            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+                raise ValueError(
+                    "Expected `batch_sizes_per_replica` to be a positive int or "
+                    "a non-empty list of them. Received: "
+                    f"batch_sizes_per_replica={batch_sizes_per_replica!r}."
+                )
+        self.batch_sizes_per_replica = choices
+
+    def fit(self, hp, model, *args, **kwargs):
+        """Trains `model` for one trial; returns its `History`."""
+        model.hyperparameters = dict(hp.values)
+        per_replica = self.batch_size_per_replica(hp)
+        if per_replica is not None:
+            kwargs["batch_size"] = (
+                per_replica * model.distribute_strategy.num_replicas_in_sync
+            )
+        return model.fit(*args, **kwargs)
+
+    def batch_size_per_replica(self, hp):
+        """The trial's per-replica batch size, or `None` when not tuned."""
+        choices = self.batch_sizes_per_replica
+        if choices is None:
+            return None
+        if isinstance(choices, int):
+            return choices
+        return hp.Choice("batch_size_per_replica", list(choices))
+
+
+def objective(name, direction=None):
+    """Returns a `keras_tuner.Objective` for a value in `history`.
+
+    Args:
+        name: The logged name, e.g. `"g_loss"` or `"val_accuracy"`.
+        direction: `"min"` or `"max"`. Defaults to `"min"` for names that
+            contain "loss" and `"max"` otherwise.
+
+    Example:
+
+    ```python
+    keras_tuner.RandomSearch(hypermodel, objective=keras_ctl.tuning.objective("g_loss"))
+    ```
+    """
+    if direction is None:
+        direction = "min" if "loss" in name else "max"
+    if direction not in ("min", "max"):
+        raise ValueError(
+            f"Expected `direction` 'min' or 'max'. Received: direction={direction!r}."
+        )
+    return keras_tuner.Objective(name, direction)

@@ -1,0 +1,279 @@
+"""keras-tuner with CTLModel and GAN: tuners, per-replica batch sizes,
+step hyperparameters, many trials in one process, distributed search."""
+
+import math
+import os
+import subprocess
+import sys
+
+import cases
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+import strategies
+import tensorflow as tf
+
+import keras_ctl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def classifier_data(n=120):
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 6), dtype=np.float32)
+    y = (x[:, :2].sum(axis=1) > 1.0).astype("int32")
+    return (x[:96], y[:96]), (x[96:], y[96:])
+
+
+class RegularizedStep(keras_ctl.CTLModel):
+    """A custom step whose L2 weight comes from the trial's hyperparameters."""
+
+    def train_step(self, data):
+        x, y = data
+        reg = self.hyperparameters["reg"]
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, y_pred, from_logits=True
+            )
+            penalty = tf.add_n([tf.reduce_sum(w**2) for w in self.trainable_weights])
+            loss = (
+                keras_ctl.global_mean(per_example)
+                + reg * penalty / keras_ctl.reduction.num_replicas()
+            )
+        keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
+        self.compute_metrics(x, y, y_pred)
+        return {m.name: m.result() for m in self.metrics if m.name != "loss"}
+
+
+class Classifier(keras_ctl.CTLHyperModel):
+    def __init__(self, model_class=keras_ctl.CTLModel, **kwargs):
+        super().__init__(**kwargs)
+        self.model_class = model_class
+
+    def build(self, hp):
+        inputs = keras.Input((6,))
+        h = keras.layers.Dense(hp.Choice("units", [4, 8]), activation="relu")(inputs)
+        model = self.model_class(inputs, keras.layers.Dense(2)(h))
+        if self.model_class is RegularizedStep:
+            hp.Float("reg", 0.0, 0.01)
+        model.compile(
+            optimizer=keras.optimizers.Adam(hp.Choice("lr", [1e-3, 1e-2])),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        return model
+
+
+class GANHyperModel(keras_ctl.CTLHyperModel):
+    def build(self, hp):
+        gan = cases.build_gan(
+            d_steps=hp.Int("d_steps", 1, 2),
+            label_noise=hp.Float("label_noise", 0.0, 0.1),
+        )
+        gan.compile(
+            d_optimizer=keras.optimizers.Adam(
+                hp.Float("d_lr", 1e-4, 1e-2, sampling="log")
+            ),
+            g_optimizer=keras.optimizers.Adam(
+                hp.Float("g_lr", 1e-4, 1e-2, sampling="log")
+            ),
+        )
+        return gan
+
+
+class Recorder(keras.callbacks.Callback):
+    """Records each trial's steps per epoch, hyperparameters and RSS."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.hyperparameters, self.rss_mb = [], [], []
+
+    def on_train_begin(self, logs=None):
+        self.steps.append(self.params["steps"])
+        self.hyperparameters.append(dict(getattr(self.model, "hyperparameters", {})))
+
+    def on_train_end(self, logs=None):
+        with open("/proc/self/status") as f:
+            rss_kb = next(
+                int(line.split()[1]) for line in f if line.startswith("VmRSS")
+            )
+        self.rss_mb.append(rss_kb / 1024)
+
+
+def scores(tuner):
+    return [t.score for t in tuner.oracle.trials.values() if t.score is not None]
+
+
+TUNERS = {
+    "random": lambda **kw: keras_tuner.RandomSearch(max_trials=3, **kw),
+    "bayesian": lambda **kw: keras_tuner.BayesianOptimization(max_trials=3, **kw),
+    "hyperband": lambda **kw: keras_tuner.Hyperband(max_epochs=2, factor=2, **kw),
+    "grid": lambda **kw: keras_tuner.GridSearch(max_trials=4, **kw),
+}
+
+
+@pytest.mark.parametrize("name", list(TUNERS))
+def test_tuners_search_a_ctlmodel_under_mirrored(name, tmp_path):
+    (x, y), (x_val, y_val) = classifier_data()
+    tuner = TUNERS[name](
+        hypermodel=Classifier(),
+        objective="val_accuracy",
+        distribution_strategy=strategies.get("mirrored"),
+        directory=str(tmp_path),
+        project_name=name,
+        seed=1,
+    )
+    tuner.search(
+        x, y, epochs=2, batch_size=16, validation_data=(x_val, y_val), verbose=0
+    )
+    found = scores(tuner)
+    assert len(found) == len(tuner.oracle.trials) >= (2 if name == "hyperband" else 3)
+    if name == "grid":
+        assert len(found) == 4  # units x lr
+    assert all(0.0 <= s <= 1.0 for s in found)
+    best_trial = tuner.oracle.get_best_trials(1)[0]
+    assert best_trial.score == max(found)  # "max" inferred for accuracy
+    best = tuner.get_best_models(1)[0]
+    assert isinstance(best, keras_ctl.CTLModel)
+    evaluation = best.evaluate(x_val, y_val, verbose=0, return_dict=True)
+    assert evaluation["accuracy"] == pytest.approx(best_trial.score, abs=1e-5)
+
+
+def test_gan_objective_g_loss_is_minimised(tmp_path):
+    x, latents = cases.gan_data(64)
+    tuner = keras_tuner.RandomSearch(
+        GANHyperModel(batch_sizes_per_replica=8),
+        objective=keras_ctl.tuning.objective("g_loss"),
+        max_trials=3,
+        distribution_strategy=strategies.get("mirrored"),
+        directory=str(tmp_path),
+        seed=2,
+    )
+    tuner.search(x, epochs=1, verbose=0)
+    found = scores(tuner)
+    assert len(found) == 3 and all(np.isfinite(found))
+    assert tuner.oracle.objective.direction == "min"
+    assert tuner.oracle.get_best_trials(1)[0].score == min(found)
+    best = tuner.get_best_models(1)[0]
+    assert isinstance(best, keras_ctl.GAN)
+    assert best.generator(latents[:4, 0]).shape == (4, 8, 8, 1)
+
+
+def test_batch_size_is_per_replica_and_step_sees_hyperparameters(tmp_path):
+    (x, y), _ = classifier_data()
+    recorder = Recorder()
+    tuner = keras_tuner.RandomSearch(
+        Classifier(RegularizedStep, batch_sizes_per_replica=[8, 16]),
+        objective=keras_ctl.tuning.objective("accuracy"),
+        max_trials=3,
+        distribution_strategy=strategies.get("mirrored"),
+        directory=str(tmp_path),
+        seed=3,
+    )
+    tuner.search(x, y, epochs=1, verbose=0, callbacks=[recorder])
+    trials = sorted(tuner.oracle.trials.values(), key=lambda t: int(t.trial_id))
+    assert len(trials) == 3
+    for trial, steps, seen in zip(trials, recorder.steps, recorder.hyperparameters):
+        per_replica = trial.hyperparameters.get("batch_size_per_replica")
+        assert steps == math.ceil(96 / (2 * per_replica))  # 2 replicas
+        assert seen == trial.hyperparameters.values
+        assert 0.0 <= seen["reg"] <= 0.01
+
+
+def test_many_trials_in_one_process_stay_bounded(tmp_path):
+    (x, y), (x_val, y_val) = classifier_data()
+    recorder = Recorder()
+    tuner = keras_tuner.RandomSearch(
+        Classifier(),
+        objective="val_accuracy",
+        max_trials=5,
+        distribution_strategy=strategies.get("mirrored"),
+        directory=str(tmp_path),
+        seed=4,
+    )
+    tuner.search(
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        validation_data=(x_val, y_val),
+        verbose=0,
+        callbacks=[recorder],
+    )
+    assert len(scores(tuner)) == 5  # no collective errors across trials
+    growth = recorder.rss_mb[-1] - recorder.rss_mb[0]
+    print(
+        f"RSS after trial 1: {recorder.rss_mb[0]:.0f} MB, after trial 5: "
+        f"{recorder.rss_mb[-1]:.0f} MB"
+    )
+    assert growth < 150
+
+
+def test_ctlhypermodel_rejects_bad_batch_sizes():
+    with pytest.raises(ValueError, match=r"Received: batch_sizes_per_replica=\[0\]"):
+        keras_ctl.CTLHyperModel(batch_sizes_per_replica=[0])
+
+
+def test_import_without_keras_tuner_names_the_extra():
+    code = (
+        "import sys\n"
+        "sys.modules['keras_tuner'] = None  # as if it were not installed\n"
+        "import keras_ctl\n"
+        "try:\n"
+        "    keras_ctl.CTLHyperModel\n"
+        "except ImportError as error:\n"
+        "    print('ERROR:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    )
+    assert "keras-ctl[tune]" in result.stdout, result.stderr[-2000:]
+
+
+def test_distributed_search_with_an_oracle_and_two_workers(tmp_path):
+    from keras_ctl.launch import free_ports
+
+    port = free_ports(1)[0]
+    base = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        KERASTUNER_ORACLE_IP="127.0.0.1",
+        KERASTUNER_ORACLE_PORT=str(port),
+    )
+    script = os.path.join(HERE, "tune_child.py")
+    processes = {
+        tuner_id: subprocess.Popen(
+            [sys.executable, script, str(tmp_path)],
+            env=dict(base, KERASTUNER_TUNER_ID=tuner_id),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=HERE,
+        )
+        for tuner_id in ("chief", "tuner0", "tuner1")
+    }
+    outputs = {}
+    try:
+        for tuner_id in ("tuner0", "tuner1", "chief"):
+            outputs[tuner_id], _ = processes[tuner_id].communicate(timeout=240)
+    finally:
+        for process in processes.values():
+            process.kill()
+    for tuner_id, process in processes.items():
+        assert process.returncode == 0, (
+            f"{tuner_id}:\n{outputs.get(tuner_id, '')[-3000:]}"
+        )
+    trials = [
+        line
+        for tuner_id in ("tuner0", "tuner1")
+        for line in outputs[tuner_id].splitlines()
+        if line.startswith("TRIALS RUN:")
+    ]
+    counts = [int(line.split(":")[1]) for line in trials]
+    assert len(counts) == 2 and sum(counts) == 4 and min(counts) >= 1
