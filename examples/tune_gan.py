@@ -77,13 +77,11 @@ def main():
     )
     tuner.search(images, epochs=args.epochs, verbose=0)
     for trial in sorted(tuner.oracle.trials.values(), key=lambda t: int(t.trial_id)):
-        print(
-            f"trial {trial.trial_id}: g_loss={trial.score:.4f} {trial.hyperparameters.values}"
-        )
+        values = trial.hyperparameters.values
+        print(f"trial {trial.trial_id}: g_loss={trial.score:.4f} {values}")
     best = tuner.oracle.get_best_trials(1)[0]
-    print(
-        f"best trial {best.trial_id}: g_loss={best.score:.4f} {best.hyperparameters.values}"
-    )
+    values = best.hyperparameters.values
+    print(f"best trial {best.trial_id}: g_loss={best.score:.4f} {values}")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ class CTLHyperModel(keras_tuner.HyperModel):
     class Classifier(keras_ctl.CTLHyperModel):
         def build(self, hp):
             model = keras_ctl.CTLModel(inputs, outputs)
-            model.compile(optimizer=keras.optimizers.Adam(
-                hp.Float("lr", 1e-4, 1e-2, sampling="log")), loss=..., metrics=["accuracy"])
+            lr = hp.Float("lr", 1e-4, 1e-2, sampling="log")
+            model.compile(optimizer=keras.optimizers.Adam(lr), loss=...,
+                          metrics=["accuracy"])
             return model
 
     tuner = keras_tuner.RandomSearch(
@@ -71,8 +72,8 @@ class CTLHyperModel(keras_tuner.HyperModel):
 
     def fit(self, hp, model, *args, **kwargs):
         """Trains `model` for one trial; returns its `History`."""
-        model.hyperparameters = dict(hp.values)
         per_replica = self.batch_size_per_replica(hp)
+        model.hyperparameters = dict(hp.values)
         if per_replica is not None:
             kwargs["batch_size"] = (
                 per_replica * model.distribute_strategy.num_replicas_in_sync
