@@ -96,3 +96,16 @@ def test_trunk_and_heads_freezes_the_trunk_and_saves_it_alone(tmp_path):
     for phase in ("class_path", "parity_head"):
         steps = scalar_events(out / "logs" / phase)
         assert steps["loss"] == [0, 1]
+
+
+def test_tune_gan_prints_every_trial_and_the_best(tmp_path):
+    stdout = run_example(
+        "tune_gan.py", "--trials", "2", "--epochs", "1", "--out", str(tmp_path / "tune")
+    )
+    trials = [line for line in stdout.splitlines() if line.startswith("trial ")]
+    best = [line for line in stdout.splitlines() if line.startswith("best trial ")]
+    assert len(trials) == 2 and len(best) == 1
+    losses = [float(line.split("g_loss=")[1].split()[0]) for line in trials]
+    assert all(0.0 < loss < 20.0 for loss in losses)
+    assert float(best[0].split("g_loss=")[1].split()[0]) == min(losses)
+    assert "'d_steps'" in best[0] and "'batch_size_per_replica'" in best[0]
