@@ -33,55 +33,9 @@ def parse_args():
 
 
 def build_models(latent_dim):
-    import keras
+    from keras_ctl import zoo
 
-    # Small convolutional nets sized for 8x8 images.
-    generator = keras.Sequential(
-        [
-            keras.Input((latent_dim,)),
-            keras.layers.Dense(4 * 4 * 64),
-            keras.layers.LeakyReLU(0.2),
-            keras.layers.Reshape((4, 4, 64)),
-            keras.layers.UpSampling2D(),
-            keras.layers.Conv2D(64, 3, padding="same"),
-            keras.layers.LeakyReLU(0.2),
-            keras.layers.Conv2D(1, 3, padding="same", activation="sigmoid"),
-        ],
-        name="generator",
-    )
-    discriminator = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(64, 3, strides=2, padding="same"),
-            keras.layers.LeakyReLU(0.2),
-            keras.layers.Flatten(),
-            keras.layers.Dense(1),
-        ],
-        name="discriminator",
-    )
-    return discriminator, generator
-
-
-def sample_grid_callback(out, latents):
-    """Writes a 4x4 grid of generated digits after every epoch."""
-    import keras
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    class SampleGrid(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            images = keras.ops.convert_to_numpy(self.model(latents))[..., 0]
-            figure, axes = plt.subplots(4, 4, figsize=(4, 4))
-            for image, axis in zip(images, axes.flat):
-                axis.imshow(image, cmap="gray", vmin=0.0, vmax=1.0)
-                axis.axis("off")
-            figure.suptitle(f"epoch {epoch + 1}")
-            figure.savefig(out / f"samples_epoch_{epoch + 1:03d}.png", dpi=50)
-            plt.close(figure)
-
-    return SampleGrid()
+    return zoo.gan_models((8, 8, 1), latent_dim)
 
 
 def main():
@@ -92,6 +46,7 @@ def main():
 
     import keras_ctl
     from keras_ctl import datasets
+    from keras_ctl import plots
     from keras_ctl import strategies
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
@@ -121,7 +76,7 @@ def main():
         images,
         batch_size=args.batch_size * strategy.num_replicas_in_sync,
         epochs=args.epochs,
-        callbacks=[sample_grid_callback(out, fixed)],
+        callbacks=[plots.image_grid_callback(out, fixed)],
         verbose=2,
     )
     (out / "history.json").write_text(json.dumps(history.history, indent=2))

@@ -42,18 +42,9 @@ def parse_args():
 
 
 def tutorial_cnn(model_class, input_shape):
-    """The CNN of the TensorFlow distributed-training tutorial."""
-    import keras
+    from keras_ctl import zoo
 
-    inputs = keras.Input(input_shape)
-    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
-    x = keras.layers.MaxPooling2D()(x)
-    x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
-    x = keras.layers.MaxPooling2D()(x)
-    x = keras.layers.Flatten()(x)
-    x = keras.layers.Dense(64, activation="relu")(x)
-    outputs = keras.layers.Dense(10)(x)
-    return model_class(inputs, outputs)
+    return zoo.tutorial_cnn(input_shape, model_class=model_class)
 
 
 def train(model_class, strategy, data, initial_weights, args, global_batch):

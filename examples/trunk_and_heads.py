@@ -66,6 +66,7 @@ def main():
     import keras_ctl
     from keras_ctl import datasets
     from keras_ctl import strategies
+    from keras_ctl import zoo
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
     (x_train, y_train), (x_test, y_test) = datasets.load("digits")
@@ -77,15 +78,7 @@ def main():
     keras.utils.set_random_seed(0)
 
     with strategy.scope():
-        trunk = keras.Sequential(
-            [
-                keras.Input((8, 8, 1)),
-                keras.layers.Conv2D(16, 3, activation="relu", name="conv"),
-                keras.layers.Flatten(),
-                keras.layers.Dense(32, activation="relu", name="features"),
-            ],
-            name="trunk",
-        )
+        trunk = zoo.trunk((8, 8, 1))
         inputs = keras.Input((8, 8, 1))
         classes = keras_ctl.CTLModel(
             inputs, keras.layers.Dense(10, name="class_head")(trunk(inputs))

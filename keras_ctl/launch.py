@@ -143,7 +143,7 @@ def _stop(processes, grace):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        prog="python -m keras_ctl.launch",
+        prog="keras-ctl launch",
         description="Run a script as N local workers (TF_CONFIG on 127.0.0.1).",
     )
     parser.add_argument("--workers", type=int, required=True)

@@ -1,0 +1,164 @@
+"""The `keras-ctl` command: train, tune, launch, bench.
+
+keras-ctl train classifier --strategy mirrored --replicas 2 --epochs 3
+keras-ctl train gan --epochs 30
+keras-ctl tune gan --trials 4
+keras-ctl launch --workers 2 -- keras-ctl train classifier --strategy multiworker
+keras-ctl bench
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import sys
+
+TASKS = ("classifier", "gan", "multihead")
+STRATEGIES = ("default", "onedevice", "mirrored", "multiworker")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-ctl", description="Exact custom training loops for Keras."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="train a model and write its files")
+    train.add_argument("task", choices=TASKS)
+    _add_common(train)
+    train.add_argument("--strategy", choices=STRATEGIES, default="default")
+    train.add_argument("--batch-size", type=int, default=32, help="per replica")
+    train.add_argument("--mixed-precision", action="store_true")
+    train.add_argument(
+        "--resume", action="store_true", help="continue the run in --out"
+    )
+
+    tune = commands.add_parser("tune", help="search hyperparameters with keras-tuner")
+    tune.add_argument("task", choices=("classifier", "gan"))
+    _add_common(tune)
+    tune.add_argument("--trials", type=int, default=4)
+
+    commands.add_parser(
+        "launch",
+        help="run a command as N local workers: launch --workers N -- COMMAND",
+        add_help=False,
+    )
+
+    bench = commands.add_parser("bench", help="time CTLModel.fit against Keras")
+    bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--steps", type=int, default=100)
+    bench.add_argument("--out", help="write the markdown table here")
+    return parser
+
+
+def _add_common(parser):
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--dataset", choices=("digits", "fashion_mnist", "mnist"), default="digits"
+    )
+    parser.add_argument("--out", help="output folder (default: a new one under runs/)")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["launch"]:
+        # The launcher's own flags and the worker command pass through as-is.
+        from keras_ctl import launch
+
+        return launch.main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        from keras_ctl import bench
+
+        return bench.main(
+            ["--rounds", str(args.rounds), "--steps", str(args.steps)]
+            + (["--out", args.out] if args.out else [])
+        )
+    _validate(parser, args)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.command == "train":
+        from keras_ctl import cli_train
+
+        return cli_train.run(args)
+    from keras_ctl import cli_tune
+
+    return cli_tune.run(args)
+
+
+def _validate(parser, args):
+    for flag in ("replicas", "epochs", "batch_size", "trials"):
+        value = getattr(args, flag, 1)
+        if value < 1:
+            name = "--" + flag.replace("_", "-")
+            parser.error(f"{name} must be >= 1. Received: {name} {value}")
+    strategy = getattr(args, "strategy", "mirrored")
+    if strategy == "multiworker" and not os.environ.get("TF_CONFIG"):
+        parser.error(
+            "--strategy multiworker needs a cluster in TF_CONFIG. Received: no "
+            "TF_CONFIG. Start it with `keras-ctl launch --workers N -- keras-ctl "
+            "train ... --strategy multiworker`, or set TF_CONFIG on each machine."
+        )
+    if strategy in ("default", "onedevice") and args.replicas != 1:
+        parser.error(
+            f"--strategy {strategy} has one replica. Received: --replicas "
+            f"{args.replicas}. Use --strategy mirrored for several replicas."
+        )
+    run_dir = args.out or _new_run_dir(args)
+    interrupted = pathlib.Path(run_dir).is_dir() and any(
+        path.name.startswith("backup") for path in pathlib.Path(run_dir).iterdir()
+    )
+    if getattr(args, "resume", False):
+        if not args.out or not interrupted:
+            parser.error(
+                "--resume continues an interrupted run. Received: --out "
+                f"{args.out} without a backup in it. Pass the --out of that run."
+            )
+    elif interrupted:
+        parser.error(
+            f"--out {run_dir} holds an interrupted run. Pass --resume to continue "
+            "it, or choose another --out (nothing is overwritten)."
+        )
+    args.out = run_dir
+
+
+def _new_run_dir(args):
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{args.command}-{args.task}-{stamp}")
+
+
+def make_strategy(name, replicas):
+    """The strategy `--strategy name --replicas replicas` asks for."""
+    import tensorflow as tf
+
+    from keras_ctl import strategies
+
+    if name == "multiworker":
+        return strategies.multi_worker_strategy()
+    if name == "mirrored":
+        return strategies.local_mirrored_strategy(replicas)
+    if name == "onedevice":
+        gpus = tf.config.list_physical_devices("GPU")
+        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+    return tf.distribute.get_strategy()
+
+
+def load_data(name):
+    """Loads `--dataset name`; exits with a clear message when offline."""
+    from keras_ctl import datasets
+
+    try:
+        return datasets.load(name)
+    except RuntimeError as error:
+        print(f"keras-ctl: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from error
+
+
+def write_json(path, value):
+    path.write_text(json.dumps(value, indent=2))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

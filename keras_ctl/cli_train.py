@@ -1,0 +1,194 @@
+"""`keras-ctl train {classifier,gan,multihead}`: train and write the run's files.
+
+Writes into `--out`: `history.json`, `history.csv`, `learning_curves.png`,
+`model.keras` (the GAN: `gan.keras`; multihead: `trunk.keras`), for the GAN a
+`samples_epoch_NNN.png` grid per epoch, TensorBoard logs in `logs/`, and a
+backup in `backup/` while training (kept if the run is interrupted, so that
+`--resume` continues it).
+"""
+
+import csv
+import json
+import os
+import pathlib
+import shutil
+
+from keras_ctl import cli
+
+
+def run(args):
+    strategy = cli.make_strategy(args.strategy, args.replicas)  # before TF starts
+    import keras
+    import tensorflow as tf
+
+    from keras_ctl import strategies
+
+    if args.mixed_precision:
+        gpu = bool(tf.config.list_physical_devices("GPU"))
+        keras.config.set_dtype_policy("mixed_float16" if gpu else "mixed_bfloat16")
+    data = cli.load_data(args.dataset)
+    out = pathlib.Path(args.out)
+    if not strategies.is_chief(strategy):
+        # Other workers write to a temporary folder (TF multi-worker convention).
+        out = out / f"workertemp_{_task_index()}"
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = {"classifier": _classifier, "gan": _gan, "multihead": _multihead}[
+        args.task
+    ]
+    history, saved, final = trainer(args, strategy, data, out)
+    _write_history(history, out)
+    from keras_ctl import plots
+
+    plots.learning_curves(history, out / "learning_curves.png")
+    if not strategies.is_chief(strategy):
+        shutil.rmtree(out, ignore_errors=True)
+        return 0
+    print(
+        f"\nDone: {args.task} on {args.dataset}, {args.epochs} epoch(s), "
+        f"{strategy.num_replicas_in_sync} replica(s)."
+    )
+    for name, value in final.items():
+        print(f"  {name}: {value:.4f}")
+    print(f"Files in {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    print(
+        f"Open {out / 'learning_curves.png'}"
+        + (f" and {out}/samples_epoch_*.png" if args.task == "gan" else "")
+        + f"; `{saved}` loads with keras.models.load_model."
+    )
+    return 0
+
+
+def _callbacks(out, name="backup"):
+    import keras
+
+    from keras_ctl import callbacks
+
+    return [
+        callbacks.BackupAndRestore(str(out / name)),
+        keras.callbacks.TensorBoard(str(out / "logs")),
+    ]
+
+
+def _classifier(args, strategy, data, out):
+    import keras
+
+    from keras_ctl import zoo
+
+    (x_train, y_train), (x_test, y_test) = data
+    with strategy.scope():
+        model = zoo.tutorial_cnn(x_train.shape[1:])
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    history = model.fit(
+        x_train,
+        y_train,
+        batch_size=args.batch_size * strategy.num_replicas_in_sync,
+        epochs=args.epochs,
+        validation_data=(x_test, y_test),
+        callbacks=_callbacks(out),
+    ).history
+    model.save(out / "model.keras")
+    final = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
+    return history, "model.keras", {f"test_{k}": v for k, v in final.items()}
+
+
+def _gan(args, strategy, data, out):
+    import numpy as np
+
+    from keras_ctl import plots
+    from keras_ctl import zoo
+
+    (x_train, _), (x_test, _) = data
+    images = np.concatenate([x_train, x_test])
+    with strategy.scope():
+        gan = zoo.gan(images.shape[1:], latent_dim=32, seed=0)
+    latents = np.random.default_rng(0).normal(size=(16, 32)).astype("float32")
+    history = gan.fit(
+        images,
+        batch_size=args.batch_size * strategy.num_replicas_in_sync,
+        epochs=args.epochs,
+        callbacks=_callbacks(out) + [plots.image_grid_callback(out, latents)],
+    ).history
+    gan.save(out / "gan.keras")
+    return history, "gan.keras", {k: v[-1] for k, v in history.items()}
+
+
+def _multihead(args, strategy, data, out):
+    """Seed 004: trunk + class head (variable groups), then a parity head on
+    the frozen trunk; the trunk is saved alone."""
+    import keras
+
+    import keras_ctl
+    from keras_ctl import zoo
+
+    (x_train, y_train), (x_test, y_test) = data
+    batch = args.batch_size * strategy.num_replicas_in_sync
+    with strategy.scope():
+        trunk = zoo.trunk(x_train.shape[1:])
+        inputs = keras.Input(x_train.shape[1:])
+        classes = keras_ctl.CTLModel(
+            inputs, keras.layers.Dense(10, name="class_head")(trunk(inputs))
+        )
+        classes.compile(
+            optimizer=keras.optimizers.MultiOptimizer(
+                keras.optimizers.OptimizerMap(
+                    default_optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                    optimizer_map={"class_head/.*": keras.optimizers.Adam(1e-3)},
+                )
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    first = classes.fit(
+        x_train,
+        y_train,
+        batch_size=batch,
+        epochs=args.epochs,
+        callbacks=_callbacks(out, "backup_classes"),
+    ).history
+    with strategy.scope():
+        trunk.trainable = False
+        parity = keras_ctl.CTLModel(
+            inputs, keras.layers.Dense(1, name="parity_head")(trunk(inputs))
+        )
+        parity.compile(
+            optimizer=keras.optimizers.Adam(1e-2),
+            loss=keras.losses.BinaryCrossentropy(from_logits=True),
+            metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")],
+        )
+    second = parity.fit(
+        x_train,
+        (y_train % 2).astype("float32"),
+        batch_size=batch,
+        epochs=args.epochs,
+        callbacks=_callbacks(out, "backup_parity"),
+    ).history
+    trunk.save(out / "trunk.keras")
+    history = {f"class_{k}": v for k, v in first.items()}
+    history.update({f"parity_{k}": v for k, v in second.items()})
+    final = {
+        "test_class_accuracy": classes.evaluate(
+            x_test, y_test, verbose=0, return_dict=True
+        )["accuracy"],
+        "test_parity_accuracy": parity.evaluate(
+            x_test, (y_test % 2).astype("float32"), verbose=0, return_dict=True
+        )["accuracy"],
+    }
+    return history, "trunk.keras", final
+
+
+def _write_history(history, out):
+    history = {k: [float(v) for v in values] for k, values in history.items()}
+    (out / "history.json").write_text(json.dumps(history, indent=2))
+    with open(out / "history.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["epoch", *history])
+        for epoch, row in enumerate(zip(*history.values()), start=1):
+            writer.writerow([epoch, *row])
+
+
+def _task_index():
+    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)

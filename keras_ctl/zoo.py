@@ -1,0 +1,80 @@
+"""Small models of the tutorials, for the command line and the examples."""
+
+import keras
+
+from keras_ctl.ctl_model import CTLModel
+from keras_ctl.gan import GAN
+
+
+def tutorial_cnn(input_shape, num_classes=10, model_class=CTLModel):
+    """The CNN of the TensorFlow distributed-training tutorial.
+
+    `padding="same"` keeps it valid for 8x8 digits as well as 28x28 images.
+    """
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(32, 3, padding="same", activation="relu")(inputs)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(64, activation="relu")(x)
+    return model_class(inputs, keras.layers.Dense(num_classes)(x))
+
+
+def gan_models(image_shape, latent_dim):
+    """A small DCGAN `(discriminator, generator)` for `image_shape` images
+    whose height and width are even (8x8 digits, 28x28 MNIST)."""
+    height, width, channels = image_shape
+    generator = keras.Sequential(
+        [
+            keras.Input((latent_dim,)),
+            keras.layers.Dense(height // 2 * width // 2 * 64),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.Reshape((height // 2, width // 2, 64)),
+            keras.layers.UpSampling2D(),
+            keras.layers.Conv2D(64, 3, padding="same"),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.Conv2D(channels, 3, padding="same", activation="sigmoid"),
+        ],
+        name="generator",
+    )
+    discriminator = keras.Sequential(
+        [
+            keras.Input(image_shape),
+            keras.layers.Conv2D(64, 3, strides=2, padding="same"),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(1),
+        ],
+        name="discriminator",
+    )
+    return discriminator, generator
+
+
+def gan(image_shape, latent_dim=32, **gan_kwargs):
+    """A compiled `keras_ctl.GAN` over `gan_models` (Adam, beta_1=0.5)."""
+    discriminator, generator = gan_models(image_shape, latent_dim)
+    model = GAN(
+        discriminator=discriminator,
+        generator=generator,
+        latent_dim=latent_dim,
+        **gan_kwargs,
+    )
+    model.compile(
+        d_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5),
+        g_optimizer=keras.optimizers.Adam(1e-3, beta_1=0.5),
+    )
+    return model
+
+
+def trunk(input_shape):
+    """A small convolutional trunk shared by several heads (seed 004)."""
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            keras.layers.Conv2D(16, 3, activation="relu", name="conv"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(32, activation="relu", name="features"),
+        ],
+        name="trunk",
+    )

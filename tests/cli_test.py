@@ -1,0 +1,176 @@
+"""The `keras-ctl` command, run as a user runs it: a fresh process each time."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
+
+
+def keras_ctl(*args, timeout=300, env=None):
+    env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run(
+        [BIN, *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def test_help_lists_the_subcommands():
+    result = keras_ctl("--help")
+    assert result.returncode == 0
+    for command in ("train", "tune", "launch", "bench"):
+        assert command in result.stdout
+
+
+def test_train_classifier_mirrored_writes_history_and_pictures(tmp_path):
+    out = tmp_path / "run"
+    result = keras_ctl(
+        "train",
+        "classifier",
+        "--strategy",
+        "mirrored",
+        "--replicas",
+        "2",
+        "--epochs",
+        "2",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = json.loads((out / "history.json").read_text())
+    assert set(history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(history["loss"]) == 2 and history["loss"][1] < history["loss"][0]
+    rows = list(csv.reader((out / "history.csv").open()))
+    assert rows[0][0] == "epoch" and [r[0] for r in rows[1:]] == ["1", "2"]
+    assert float(rows[2][rows[0].index("loss")]) == pytest.approx(history["loss"][1])
+    assert (out / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "model.keras").stat().st_size > 10_000
+    assert list((out / "logs").rglob("events.out.tfevents.*"))
+    assert not (out / "backup").exists()  # deleted after a complete run
+    assert "test_accuracy" in result.stdout and "learning_curves.png" in result.stdout
+
+
+def test_train_gan_writes_a_sample_grid_per_epoch(tmp_path):
+    out = tmp_path / "gan"
+    result = keras_ctl("train", "gan", "--epochs", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "samples_epoch_001.png").read_bytes()[:4] == b"\x89PNG"
+    history = json.loads((out / "history.json").read_text())
+    assert set(history) == {"d_loss", "g_loss"}
+    assert (out / "gan.keras").exists() and (out / "learning_curves.png").exists()
+
+
+def test_train_multihead_freezes_the_trunk_and_saves_it(tmp_path):
+    out = tmp_path / "heads"
+    result = keras_ctl("train", "multihead", "--epochs", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    history = json.loads((out / "history.json").read_text())
+    assert {"class_loss", "class_accuracy", "parity_loss", "parity_accuracy"} == set(
+        history
+    )
+    assert (out / "trunk.keras").exists()
+
+
+def test_train_under_two_launched_workers(tmp_path):
+    out = tmp_path / "mw"
+    result = keras_ctl(
+        "launch",
+        "--workers",
+        "2",
+        "--timeout",
+        "240",
+        "--",
+        BIN,
+        "train",
+        "classifier",
+        "--strategy",
+        "multiworker",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(json.loads((out / "history.json").read_text())["loss"]) == 1
+    assert (out / "model.keras").exists()
+    assert not list(out.glob("workertemp_*"))  # the other worker cleaned up
+
+
+def test_tune_classifier_writes_the_best_trial(tmp_path):
+    out = tmp_path / "tune"
+    result = keras_ctl(
+        "tune",
+        "classifier",
+        "--replicas",
+        "2",
+        "--trials",
+        "2",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = json.loads((out / "best_trial.json").read_text())
+    assert 0.0 <= best["val_accuracy"] <= 1.0
+    assert best["hyperparameters"]["batch_size_per_replica"] in (16, 32)
+    assert result.stdout.count("\ntrial ") + result.stdout.startswith("trial ") == 2
+
+
+def test_bench_writes_a_table(tmp_path):
+    table = tmp_path / "bench.md"
+    result = keras_ctl("bench", "--rounds", "1", "--steps", "3", "--out", str(table))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [
+        line
+        for line in table.read_text().splitlines()
+        if line.startswith("| mlp") or line.startswith("| cnn")
+    ]
+    assert len(rows) == 4
+    assert all(float(row.split("|")[6]) > 0 for row in rows)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "gan", "--replicas", "0"], "Received: --replicas 0"),
+        (["train", "gan", "--strategy", "multiworker"], "Received: no TF_CONFIG"),
+        (["train", "gan", "--replicas", "2"], "Use --strategy mirrored"),
+        (["train", "gan", "--resume", "--out", "/nonexistent"], "--resume continues"),
+    ],
+)
+def test_bad_flags_get_clear_errors(args, message):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    result = keras_ctl(*args, env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_an_interrupted_run_is_not_overwritten(tmp_path):
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "latest.weights.h5").write_bytes(b"state")
+    result = keras_ctl("train", "gan", "--out", str(tmp_path))
+    assert result.returncode == 2 and "Pass --resume" in result.stderr
+    assert (tmp_path / "backup" / "latest.weights.h5").read_bytes() == b"state"
+
+
+def test_offline_dataset_suggests_digits(tmp_path):
+    env = dict(os.environ, KERAS_HOME=str(tmp_path))
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        env[var] = "http://127.0.0.1:9"
+    env.pop("NO_PROXY", None)
+    env.pop("no_proxy", None)
+    result = keras_ctl(
+        "train",
+        "classifier",
+        "--dataset",
+        "fashion_mnist",
+        "--out",
+        str(tmp_path / "run"),
+        env=env,
+    )
+    assert result.returncode == 2
+    assert "--dataset digits" in result.stderr
