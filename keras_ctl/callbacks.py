@@ -24,7 +24,8 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       batches trained after the restart.
     - **Multi-worker.** Under `MultiWorkerMirroredStrategy` every worker
       saves (as TensorFlow requires), but only the chief writes to
-      `backup_dir`; the others write to a temporary folder and delete it.
+      `backup_dir`; the others write to a temporary sibling folder
+      (`<backup_dir>_workertemp_<i>`) and delete it.
       All workers restore from `backup_dir`, which must be shared storage
       on real clusters.
     - **Corrupted backups.** If the latest backup cannot be read, the
@@ -107,7 +108,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _save_model(self):
         if not strategies.is_chief(self.model.distribute_strategy):
             # Every worker takes part in saving; only the chief's files stay.
-            temporary = os.path.join(self.backup_dir, f"workertemp_{_task_index()}")
+            # A sibling folder: the chief may delete `backup_dir` meanwhile.
+            folder = os.path.normpath(self.backup_dir)
+            temporary = f"{folder}_workertemp_{_task_index()}"
             os.makedirs(temporary, exist_ok=True)
             try:
                 self.model.save_weights(os.path.join(temporary, "latest.weights.h5"))
@@ -141,8 +144,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         super().on_train_batch_end(batch, logs)
 
     def on_train_end(self, logs=None):
-        if strategies.is_chief(self.model.distribute_strategy):
-            super().on_train_end(logs)
+        chief = strategies.is_chief(self.model.distribute_strategy)
+        if self.delete_checkpoint and chief:
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
 
 
 _RAN_OUT_OF_DATA = "Your input ran out of data"
