@@ -31,7 +31,6 @@ def parse_args():
 def main():
     args = parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
     import keras_tuner
     import numpy as np
 
@@ -41,32 +40,10 @@ def main():
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
 
-    class DigitsGAN(keras_ctl.CTLHyperModel):
-        def build(self, hp):
-            from dcgan_digits import build_models
-
-            discriminator, generator = build_models(latent_dim=32)
-            gan = keras_ctl.GAN(
-                discriminator=discriminator,
-                generator=generator,
-                latent_dim=32,
-                d_steps=hp.Int("d_steps", 1, 2),
-                seed=0,
-            )
-            gan.compile(
-                d_optimizer=keras.optimizers.Adam(
-                    hp.Float("d_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
-                ),
-                g_optimizer=keras.optimizers.Adam(
-                    hp.Float("g_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
-                ),
-            )
-            return gan
-
     (x_train, _), (x_test, _) = datasets.load("digits")
     images = np.concatenate([x_train, x_test])
     tuner = keras_tuner.RandomSearch(
-        DigitsGAN(batch_sizes_per_replica=[16, 32]),
+        keras_ctl.tuning.GANHyperModel((8, 8, 1), batch_sizes_per_replica=[16, 32]),
         objective=keras_ctl.tuning.objective("g_loss"),
         max_trials=args.trials,
         distribution_strategy=strategy,

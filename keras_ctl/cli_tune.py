@@ -12,6 +12,7 @@ def run(args):
     import numpy as np
 
     import keras_ctl
+    from keras_ctl import tuning
     from keras_ctl import zoo
 
     (x_train, y_train), (x_test, y_test) = cli.load_data(args.dataset)
@@ -28,29 +29,10 @@ def run(args):
             )
             return model
 
-    class GAN(keras_ctl.CTLHyperModel):
-        def build(self, hp):
-            discriminator, generator = zoo.gan_models(shape, 32)
-            gan = keras_ctl.GAN(
-                discriminator=discriminator,
-                generator=generator,
-                latent_dim=32,
-                d_steps=hp.Int("d_steps", 1, 2),
-                seed=0,
-            )
-            gan.compile(
-                d_optimizer=keras.optimizers.Adam(
-                    hp.Float("d_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
-                ),
-                g_optimizer=keras.optimizers.Adam(
-                    hp.Float("g_learning_rate", 1e-4, 3e-3, sampling="log"), beta_1=0.5
-                ),
-            )
-            return gan
-
     out = pathlib.Path(args.out)
     if args.task == "gan":
-        hypermodel, objective = GAN(batch_sizes_per_replica=[16, 32]), "g_loss"
+        hypermodel = tuning.GANHyperModel(shape, batch_sizes_per_replica=[16, 32])
+        objective = "g_loss"
         fit_args = ([np.concatenate([x_train, x_test])], {})
     else:
         hypermodel, objective = (
