@@ -109,3 +109,23 @@ def test_tune_gan_prints_every_trial_and_the_best(tmp_path):
     assert all(0.0 < loss < 20.0 for loss in losses)
     assert float(best[0].split("g_loss=")[1].split()[0]) == min(losses)
     assert "'d_steps'" in best[0] and "'batch_size_per_replica'" in best[0]
+
+
+def test_custom_training_tutorial_restores_without_a_strategy(tmp_path):
+    out = tmp_path / "tutorial"
+    run_example("custom_training_tutorial.py", "--epochs", "4", "--out", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert report["checkpoints"] == ["ckpt-2", "ckpt-4"]  # every 2 epochs
+    assert report["latest_checkpoint"] == "ckpt-4"
+    assert report["restored_test_accuracy"] == report["trained_test_accuracy"] > 0.3
+    assert (out / "checkpoints" / "checkpoint").exists()
+
+
+def test_inside_fit_spelled_out_step_equals_the_default_one(tmp_path):
+    out = tmp_path / "inside"
+    run_example("inside_fit.py", "--epochs", "2", "--out", str(out))
+    report = json.loads((out / "report.json").read_text())
+    assert report["max_weight_difference"] < 1e-6
+    assert report["default_epoch_loss"][1] < report["default_epoch_loss"][0]
+    assert len(report["spelled_out_last_batch_loss"]) == 2
+    assert report["test_accuracy"] > 0.3
