@@ -10,24 +10,11 @@ Usage:
     python examples/custom_training_tutorial.py [--replicas 2] [--epochs 4] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import pathlib
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--out", default="runs/custom_training_tutorial")
-    args = parser.parse_args()
-    for flag in ("replicas", "epochs"):
-        if getattr(args, flag) < 1:
-            parser.error(
-                f"--{flag} must be >= 1. Received: --{flag} {getattr(args, flag)}"
-            )
-    return args
+from _args import parse_args
 
 
 def compiled_cnn(input_shape):
@@ -45,7 +32,9 @@ def compiled_cnn(input_shape):
 
 
 def main():
-    args = parse_args()
+    args = parse_args(
+        __doc__, replicas=2, epochs=4, out="runs/custom_training_tutorial"
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import tensorflow as tf

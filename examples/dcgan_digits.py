@@ -10,26 +10,11 @@ Usage:
     python examples/dcgan_digits.py [--replicas 2] [--epochs 30] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import pathlib
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
-    parser.add_argument("--latent-dim", type=int, default=32)
-    parser.add_argument("--d-steps", type=int, default=1)
-    parser.add_argument("--out", default="runs/dcgan_digits")
-    args = parser.parse_args()
-    for flag in ("replicas", "epochs", "batch_size", "latent_dim", "d_steps"):
-        if getattr(args, flag) < 1:
-            name = "--" + flag.replace("_", "-")
-            parser.error(f"{name} must be >= 1. Received: {name} {getattr(args, flag)}")
-    return args
+from _args import parse_args
 
 
 def build_models(latent_dim):
@@ -39,7 +24,17 @@ def build_models(latent_dim):
 
 
 def main():
-    args = parse_args()
+    args = parse_args(
+        __doc__,
+        replicas=2,
+        epochs=30,
+        out="runs/dcgan_digits",
+        extra=[
+            ("--batch-size", 32, "per replica"),
+            ("--latent-dim", 32, "size of the latent vectors"),
+            ("--d-steps", 1, "discriminator steps per generator step"),
+        ],
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np

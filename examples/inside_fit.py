@@ -12,28 +12,15 @@ Usage:
     python examples/inside_fit.py [--replicas 2] [--epochs 3] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import pathlib
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--out", default="runs/inside_fit")
-    args = parser.parse_args()
-    for flag in ("replicas", "epochs"):
-        if getattr(args, flag) < 1:
-            parser.error(
-                f"--{flag} must be >= 1. Received: --{flag} {getattr(args, flag)}"
-            )
-    return args
+from _args import parse_args
 
 
 def main():
-    args = parse_args()
+    args = parse_args(__doc__, replicas=2, epochs=3, out="runs/inside_fit")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np

@@ -17,28 +17,12 @@ Usage:
     python examples/mirrored_digits.py [--replicas 3] [--epochs 5] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import pathlib
 import re
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=32, help="per replica")
-    parser.add_argument("--out", default="runs/mirrored_digits")
-    args = parser.parse_args()
-    if args.replicas < 1:
-        parser.error(f"--replicas must be >= 1. Received: --replicas {args.replicas}")
-    if args.epochs < 1 or args.batch_size < 1:
-        parser.error(
-            "--epochs and --batch-size must be >= 1. Received: "
-            f"--epochs {args.epochs} --batch-size {args.batch_size}"
-        )
-    return args
+from _args import parse_args
 
 
 def tutorial_cnn(model_class, input_shape):
@@ -89,7 +73,13 @@ def max_difference(model, reference):
 
 
 def main():
-    args = parse_args()
+    args = parse_args(
+        __doc__,
+        replicas=3,
+        epochs=5,
+        out="runs/mirrored_digits",
+        extra=[("--batch-size", 32, "per replica")],
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import tensorflow as tf

@@ -15,24 +15,11 @@ Usage:
     python examples/trunk_and_heads.py [--replicas 2] [--epochs 3] [--out DIR]
 """
 
-import argparse
 import json
 import os
 import pathlib
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--out", default="runs/trunk_and_heads")
-    args = parser.parse_args()
-    for flag in ("replicas", "epochs"):
-        if getattr(args, flag) < 1:
-            parser.error(
-                f"--{flag} must be >= 1. Received: --{flag} {getattr(args, flag)}"
-            )
-    return args
+from _args import parse_args
 
 
 class SummaryLogger:
@@ -58,7 +45,7 @@ class SummaryLogger:
 
 
 def main():
-    args = parse_args()
+    args = parse_args(__doc__, replicas=2, epochs=3, out="runs/trunk_and_heads")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import numpy as np

@@ -9,27 +9,19 @@ Usage:
     python examples/tune_gan.py [--replicas 2] [--trials 4] [--epochs 2] [--out DIR]
 """
 
-import argparse
 import os
 
-
-def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--out", default="runs/tune_gan")
-    args = parser.parse_args()
-    for flag in ("replicas", "trials", "epochs"):
-        if getattr(args, flag) < 1:
-            parser.error(
-                f"--{flag} must be >= 1. Received: --{flag} {getattr(args, flag)}"
-            )
-    return args
+from _args import parse_args
 
 
 def main():
-    args = parse_args()
+    args = parse_args(
+        __doc__,
+        replicas=2,
+        epochs=2,
+        out="runs/tune_gan",
+        extra=[("--trials", 4, "number of trials")],
+    )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras_tuner
     import numpy as np
