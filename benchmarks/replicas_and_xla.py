@@ -38,27 +38,27 @@ BATCH = 64
 
 
 class ExactCount(keras_ctl.CTLModel):
+    """Divides the loss by the all-reduced global count (exact)."""
+
+    def mean_loss(self, per_example):
+        return keras_ctl.global_mean(per_example)
+
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
             per_example = keras.losses.sparse_categorical_crossentropy(
                 y, self(x, training=True), from_logits=True
             )
-            loss = keras_ctl.global_mean(per_example)
+            loss = self.mean_loss(per_example)
         keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
         return {"step_loss": keras_ctl.ReplicaSum(loss)}
 
 
-class FixedBatch(keras_ctl.CTLModel):
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                y, self(x, training=True), from_logits=True
-            )
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
-        keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
-        return {"step_loss": keras_ctl.ReplicaSum(loss)}
+class FixedBatch(ExactCount):
+    """Divides by a constant global batch size: no collective."""
+
+    def mean_loss(self, per_example):
+        return tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
 
 
 def candidate(model_class, strategy, data, spe, jit_compile):

@@ -67,19 +67,7 @@ def main():
     with strategy.scope():
         trunk = zoo.trunk((8, 8, 1))
         inputs = keras.Input((8, 8, 1))
-        classes = keras_ctl.CTLModel(
-            inputs, keras.layers.Dense(10, name="class_head")(trunk(inputs))
-        )
-        classes.compile(
-            optimizer=keras.optimizers.MultiOptimizer(
-                keras.optimizers.OptimizerMap(
-                    default_optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
-                    optimizer_map={"class_head/.*": keras.optimizers.Adam(1e-3)},
-                )
-            ),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        classes = zoo.class_head_model(trunk, inputs)
     classes.fit(
         x_train,
         y_train,

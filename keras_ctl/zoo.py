@@ -78,3 +78,21 @@ def trunk(input_shape):
         ],
         name="trunk",
     )
+
+
+def class_head_model(trunk, inputs, num_classes=10):
+    """`trunk` + a 10-way `class_head`, compiled with variable groups: the
+    trunk by SGD with momentum, the head by Adam (`MultiOptimizer`)."""
+    head = keras.layers.Dense(num_classes, name="class_head")
+    model = CTLModel(inputs, head(trunk(inputs)))
+    model.compile(
+        optimizer=keras.optimizers.MultiOptimizer(
+            keras.optimizers.OptimizerMap(
+                default_optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                optimizer_map={"class_head/.*": keras.optimizers.Adam(1e-3)},
+            )
+        ),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
