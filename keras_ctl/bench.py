@@ -1,33 +1,47 @@
-"""Steps per second of CTLModel.fit, keras.Model.fit and a hand-written loop.
+"""Speed of CTLModel.fit against keras.Model.fit and hand-written loops.
 
-The hand-written loop is the Keras guide's `@tf.function` train step
-(seed 002: forward, loss, gradients, `optimizer.apply`, an accuracy metric).
-Models: the guide's MLP (784-64-64-10) and the TensorFlow tutorial's CNN
-(28x28x1), batch 64, on one device, at `steps_per_execution` 1 and 32.
+Candidates, on the Keras guide's MLP (784-64-64-10) and the TensorFlow
+tutorial's CNN (28x28x1), global batch 64, Adam, for each of 1 and 2
+replicas (`MirroredStrategy`; logical CPU devices when there are no GPUs),
+`steps_per_execution` 1 and 32, XLA off and on:
 
-These machines are noisy, so the candidates are interleaved within each
-round (one epoch each, after a warm-up epoch that traces and compiles), the
-rounds are repeated, and the table quotes median steps/s and the median of
-the per-round ratios.
+- `CTLModel.fit` and `keras.Model.fit` with an accuracy metric;
+- the hand-written `@tf.function` loop: the Keras guide's (seed 002) on one
+  replica, the TensorFlow tutorial's `strategy.run` loop (seed 000) on two.
+  It has no `steps_per_execution`; with XLA it compiles the forward and
+  backward pass (the optimizer's cross-replica update cannot be compiled).
+
+Then the cost of the exact all-reduce of the global count on 2 replicas:
+two custom steps that differ only in the loss denominator,
+`keras_ctl.global_mean` (all-reduced every step) and
+`tf.nn.compute_average_loss(..., global_batch_size=64)` (a constant).
+
+These machines are noisy, so the candidates of one configuration are
+interleaved within each round (one epoch each, after a warm-up epoch that
+traces and compiles), the rounds are repeated, and the tables quote median
+steps/s and the median of the per-round ratios.
 
 Usage:
-    keras-ctl bench [--rounds 5] [--steps 100] [--out FILE]
-    python benchmarks/step_overhead.py [--rounds 5] [--steps 100] [--out FILE]
+    keras-ctl bench [--models mlp,cnn] [--replicas 1,2] [--rounds 5]
+                    [--steps 50] [--out DIR]
 """
 
 import argparse
+import datetime
 import os
+import pathlib
 import platform
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from keras_ctl.ctl_model import CTLModel  # noqa: E402
+from keras_ctl import optimization
+from keras_ctl import reduction
+from keras_ctl import strategies
+from keras_ctl.ctl_model import CTLModel
 
 BATCH = 64
 
@@ -53,132 +67,266 @@ def cnn(model_class):
 MODELS = {"mlp": (mlp, (784,)), "cnn": (cnn, (28, 28, 1))}
 
 
+class ExactCount(CTLModel):
+    """Divides the loss by the all-reduced global count (exact)."""
+
+    def mean_loss(self, per_example):
+        return reduction.global_mean(per_example)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, self(x, training=True), from_logits=True
+            )
+            loss = self.mean_loss(per_example)
+        optimization.minimize(loss, self.trainable_weights, self.optimizer, tape)
+        return {"step_loss": reduction.ReplicaSum(loss)}
+
+
+class FixedBatch(ExactCount):
+    """Divides by a constant global batch size: no collective."""
+
+    def mean_loss(self, per_example):
+        return tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+
+
 def make_data(shape, steps):
     rng = np.random.default_rng(0)
     x = rng.random((steps * BATCH, *shape), dtype=np.float32)
     y = rng.integers(0, 10, steps * BATCH).astype("int32")
-    return x, y
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache()
 
 
-def fit_candidate(model_class, build, data, steps_per_execution):
-    model = build(model_class)
-    model.compile(
-        optimizer=keras.optimizers.Adam(1e-3),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        steps_per_execution=steps_per_execution,
-    )
-    dataset = tf.data.Dataset.from_tensor_slices(data).batch(BATCH).cache()
-
-    def run_epoch():
-        model.fit(dataset, epochs=1, verbose=0)
-
-    return run_epoch
+def fit_candidate(model_class, build, dataset, strategy, spe, xla, metrics=True):
+    """An epoch of `fit()`, or "fails (Error)" when the warm-up epoch fails."""
+    with strategy.scope():
+        model = build(model_class)
+        model.compile(
+            optimizer=keras.optimizers.Adam(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"] if metrics else None,
+            steps_per_execution=spe,
+            jit_compile=xla,
+        )
+    return _warmed_up(lambda: model.fit(dataset, epochs=1, verbose=0))
 
 
-def loop_candidate(build, data):
-    """The guide's hand-written loop ("Writing a training loop from scratch")."""
-    model = build(keras.Model)
-    optimizer = keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    train_acc_metric = keras.metrics.SparseCategoricalAccuracy()
-    dataset = tf.data.Dataset.from_tensor_slices(data).batch(BATCH).cache()
+def loop_candidate(build, dataset, strategy, xla):
+    """The guides' hand-written loop, one `tf.function` call per step."""
+    with strategy.scope():
+        model = build(keras.Model)
+        optimizer = keras.optimizers.Adam(1e-3)
+        accuracy = keras.metrics.SparseCategoricalAccuracy()
+        optimizer.build(model.trainable_weights)
 
-    @tf.function
-    def train_step(x, y):
+    def forward_backward(x, y):
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
-            loss_value = loss_fn(y, logits)
-        grads = tape.gradient(loss_value, model.trainable_weights)
-        optimizer.apply(grads, model.trainable_weights)
-        train_acc_metric.update_state(y, logits)
-        return loss_value
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, logits, from_logits=True
+            )
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
+        return loss, logits, tape.gradient(loss, model.trainable_weights)
+
+    if xla:
+        forward_backward = tf.function(forward_backward, jit_compile=True)
+
+    def train_step(x, y):
+        loss, logits, gradients = forward_backward(x, y)
+        optimizer.apply(gradients, model.trainable_weights)
+        accuracy.update_state(y, logits)
+        return loss
+
+    @tf.function
+    def distributed_train_step(x, y):
+        losses = strategy.run(train_step, args=(x, y))
+        return strategy.reduce("SUM", losses, axis=None)
+
+    batches = strategy.experimental_distribute_dataset(dataset)
 
     def run_epoch():
-        for x, y in dataset:
-            train_step(x, y)
-        train_acc_metric.result()
-        train_acc_metric.reset_state()
+        for x, y in batches:
+            distributed_train_step(x, y)
+        accuracy.result()
+        accuracy.reset_state()
 
+    return _warmed_up(run_epoch)
+
+
+def _warmed_up(run_epoch):
+    try:
+        run_epoch()  # trace and compile
+    except Exception as error:  # stock Keras fails in some configurations
+        return f"fails ({type(error).__name__})"
     return run_epoch
 
 
-def measure(args):
+def race(candidates, steps, rounds):
+    """Steps/s per round of each runnable candidate, interleaved."""
+    runnable = {name: run for name, run in candidates.items() if callable(run)}
+    rates = {name: [] for name in runnable}
+    for _ in range(rounds):
+        for name, run_epoch in runnable.items():
+            start = time.perf_counter()
+            run_epoch()
+            rates[name].append(steps / (time.perf_counter() - start))
+    return rates
+
+
+def median_ratio(rates, a, b):
+    if a not in rates or b not in rates:
+        return None
+    return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+
+
+def measure_fit(args, strategy_for):
+    """One row per model, replicas, steps_per_execution and XLA setting."""
     rows = []
-    for model_name, (build, shape) in MODELS.items():
-        data = make_data(shape, args.steps)
-        for spe in (1, 32):
-            candidates = {
-                "CTLModel.fit": fit_candidate(CTLModel, build, data, spe),
-                "keras.Model.fit": fit_candidate(keras.Model, build, data, spe),
-                "hand loop": loop_candidate(build, data),
-            }
-            for run_epoch in candidates.values():
-                run_epoch()  # warm-up: trace and compile
-            rates = {name: [] for name in candidates}
-            for _ in range(args.rounds):
-                for name, run_epoch in candidates.items():
-                    start = time.perf_counter()
-                    run_epoch()
-                    rates[name].append(args.steps / (time.perf_counter() - start))
-            ctl = rates["CTLModel.fit"]
-            rows.append(
-                {
-                    "model": model_name,
-                    "spe": spe,
-                    **{name: statistics.median(r) for name, r in rates.items()},
-                    "ctl/keras": statistics.median(
-                        c / k for c, k in zip(ctl, rates["keras.Model.fit"])
-                    ),
-                    "ctl/loop": statistics.median(
-                        c / h for c, h in zip(ctl, rates["hand loop"])
-                    ),
-                }
-            )
-            print(format_row(rows[-1]), flush=True)
+    for model_name in args.models:
+        build, shape = MODELS[model_name]
+        dataset = make_data(shape, args.steps)
+        for replicas in args.replicas:
+            strategy = strategy_for[replicas]
+            for spe in (1, 32):
+                for xla in (False, True):
+                    candidates = {
+                        "ctl": fit_candidate(
+                            CTLModel, build, dataset, strategy, spe, xla
+                        ),
+                        "keras": fit_candidate(
+                            keras.Model, build, dataset, strategy, spe, xla
+                        ),
+                        "loop": loop_candidate(build, dataset, strategy, xla),
+                    }
+                    rates = race(candidates, args.steps, args.rounds)
+                    row = {
+                        "model": model_name,
+                        "replicas": replicas,
+                        "spe": spe,
+                        "xla": xla,
+                        "ctl/keras": median_ratio(rates, "ctl", "keras"),
+                        "ctl/loop": median_ratio(rates, "ctl", "loop"),
+                    }
+                    for name, candidate in candidates.items():
+                        row[name] = (
+                            statistics.median(rates[name])
+                            if name in rates
+                            else candidate
+                        )
+                    rows.append(row)
+                    print(format_fit_row(row), flush=True)
     return rows
 
 
-HEADER = (
-    "| model | steps_per_execution | CTLModel.fit steps/s | keras.Model.fit "
-    "steps/s | hand loop steps/s | CTLModel / keras (median ratio) | "
-    "CTLModel / hand loop (median ratio) |\n|---|---|---|---|---|---|---|"
+def measure_all_reduce(args, strategy):
+    """The cost of the exact count's all-reduce, MLP, 2 replicas."""
+    rows = []
+    dataset = make_data((784,), args.steps)
+    for spe in (1, 32):
+        candidates = {
+            name: fit_candidate(
+                model_class, mlp, dataset, strategy, spe, False, metrics=False
+            )
+            for name, model_class in (("exact", ExactCount), ("fixed", FixedBatch))
+        }
+        rates = race(candidates, args.steps, args.rounds)
+        row = {
+            "spe": spe,
+            "exact": statistics.median(rates["exact"]),
+            "fixed": statistics.median(rates["fixed"]),
+            "cost": 1.0 - median_ratio(rates, "exact", "fixed"),
+        }
+        rows.append(row)
+        print(format_all_reduce_row(row), flush=True)
+    return rows
+
+
+FIT_HEADER = (
+    "| model | replicas | steps_per_execution | XLA | CTLModel.fit steps/s | "
+    "keras.Model.fit steps/s | hand loop steps/s | CTLModel / keras "
+    "(median ratio) | CTLModel / hand loop (median ratio) |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+ALL_REDUCE_HEADER = (
+    "| replicas | steps_per_execution | exact count steps/s | fixed batch "
+    "steps/s | all-reduce cost (1 - median ratio) |\n|---|---|---|---|---|"
 )
 
 
-def format_row(row):
+def _cell(value, digits):
+    if isinstance(value, str):
+        return value
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def format_fit_row(row):
     return (
-        f"| {row['model']} | {row['spe']} | {row['CTLModel.fit']:.0f} | "
-        f"{row['keras.Model.fit']:.0f} | {row['hand loop']:.0f} | "
-        f"{row['ctl/keras']:.3f} | {row['ctl/loop']:.2f} |"
+        f"| {row['model']} | {row['replicas']} | {row['spe']} | "
+        f"{'on' if row['xla'] else 'off'} | {_cell(row['ctl'], 0)} | "
+        f"{_cell(row['keras'], 0)} | {_cell(row['loop'], 0)} | "
+        f"{_cell(row['ctl/keras'], 2)} | {_cell(row['ctl/loop'], 2)} |"
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=100, help="steps per epoch")
-    parser.add_argument("--out", help="write the markdown table here")
-    args = parser.parse_args(argv)
+def format_all_reduce_row(row):
+    return (
+        f"| 2 | {row['spe']} | {row['exact']:.0f} | {row['fixed']:.0f} | "
+        f"{100 * row['cost']:.1f} % |"
+    )
+
+
+def write_report(args, fit_rows, all_reduce_rows):
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    parts = [FIT_HEADER] + [format_fit_row(row) for row in fit_rows]
+    if all_reduce_rows:
+        parts += ["", ALL_REDUCE_HEADER]
+        parts += [format_all_reduce_row(row) for row in all_reduce_rows]
+    parts.append(
+        f"\n{device}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}; global batch "
+        f"{BATCH}, {args.steps} steps per epoch, {args.rounds} interleaved rounds."
+    )
+    (out / "benchmark.md").write_text("\n".join(parts) + "\n")
+    from keras_ctl import plots
+
+    plots.speed_ratios(fit_rows, out / "benchmark.png")
+    return out
+
+
+def run(args, error):
+    """Runs the benchmark for parsed `args`; `error(message)` exits."""
     if args.rounds < 1 or args.steps < 1:
-        parser.error(
+        error(
             "--rounds and --steps must be >= 1. Received: "
             f"--rounds {args.rounds} --steps {args.steps}"
         )
-    print(HEADER)
-    rows = measure(args)
-    device = tf.config.list_physical_devices("GPU") and "GPU" or "CPU"
-    table = "\n".join([HEADER] + [format_row(row) for row in rows])
-    footer = (
-        f"\n\n{device}, {os.cpu_count()} cores, {platform.python_version()}, "
-        f"TensorFlow {tf.__version__}, Keras {keras.__version__}; batch {BATCH}, "
-        f"{args.steps} steps per epoch, {args.rounds} interleaved rounds.\n"
-    )
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table + footer)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    args.out = args.out or os.path.join("runs", f"bench-{stamp}")
+    # The 2-replica strategy splits the CPU, so it comes before any op runs.
+    strategy_for = {1: tf.distribute.get_strategy()}
+    if 2 in args.replicas:
+        strategy_for[2] = strategies.local_mirrored_strategy(2)
+    print(FIT_HEADER, flush=True)
+    fit_rows = measure_fit(args, strategy_for)
+    all_reduce_rows = []
+    if 2 in args.replicas:
+        print("\n" + ALL_REDUCE_HEADER, flush=True)
+        all_reduce_rows = measure_all_reduce(args, strategy_for[2])
+    out = write_report(args, fit_rows, all_reduce_rows)
+    print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
 
 
+def main(argv=None):
+    from keras_ctl import cli
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    cli.add_bench_arguments(parser)
+    return run(parser.parse_args(argv), parser.error)
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -45,11 +45,41 @@ def build_parser():
         add_help=False,
     )
 
-    bench = commands.add_parser("bench", help="time CTLModel.fit against Keras")
-    bench.add_argument("--rounds", type=int, default=5)
-    bench.add_argument("--steps", type=int, default=100)
-    bench.add_argument("--out", help="write the markdown table here")
+    bench = commands.add_parser(
+        "bench", help="time CTLModel.fit against keras.Model.fit and hand loops"
+    )
+    add_bench_arguments(bench)
     return parser
+
+
+def add_bench_arguments(parser):
+    parser.add_argument(
+        "--models", type=_list_of(str, ("mlp", "cnn")), default=["mlp", "cnn"]
+    )
+    parser.add_argument("--replicas", type=_list_of(int, (1, 2)), default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="steps per epoch")
+    parser.add_argument(
+        "--out",
+        help="folder for benchmark.md and benchmark.png (default: a new one "
+        "under runs/)",
+    )
+
+
+def _list_of(kind, choices):
+    def parse(text):
+        try:
+            values = [kind(item) for item in text.split(",") if item]
+        except ValueError:
+            values = []
+        if not values or any(value not in choices for value in values):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {', '.join(map(str, choices))}. "
+                f"Received: {text!r}"
+            )
+        return values
+
+    return parse
 
 
 def _add_common(parser):
@@ -73,12 +103,8 @@ def main(argv=None):
     if args.command == "bench":
         from keras_ctl import bench
 
-        return bench.main(
-            ["--rounds", str(args.rounds), "--steps", str(args.steps)]
-            + (["--out", args.out] if args.out else [])
-        )
+        return bench.run(args, parser.error)
     _validate(parser, args)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.command == "train":
         from keras_ctl import cli_train
 

@@ -59,3 +59,29 @@ def image_grid_callback(folder, latents):
             image_grid(images.astype("float32"), folder / name, f"epoch {epoch + 1}")
 
     return ImageGrid()
+
+
+def speed_ratios(rows, path):
+    """Bar chart of `keras_ctl.bench` rows: CTLModel / keras and / hand loop."""
+    plt = _pyplot()
+    labels = [
+        f"{row['model']} {row['replicas']}r\nspe {row['spe']}"
+        f"{' xla' if row['xla'] else ''}"
+        for row in rows
+    ]
+    positions = range(len(rows))
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.5))
+    for offset, key, label in (
+        (-0.2, "ctl/keras", "CTLModel.fit / keras.Model.fit"),
+        (0.2, "ctl/loop", "CTLModel.fit / hand loop"),
+    ):
+        # A missing bar means the other candidate failed in that configuration.
+        values = [row[key] or 0.0 for row in rows]
+        axis.bar([p + offset for p in positions], values, width=0.4, label=label)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks(list(positions), labels, fontsize=7)
+    axis.set_ylabel("steps/s ratio (median)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)

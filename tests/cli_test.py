@@ -120,17 +120,58 @@ def test_tune_classifier_writes_the_best_trial(tmp_path):
     assert result.stdout.count("\ntrial ") + result.stdout.startswith("trial ") == 2
 
 
-def test_bench_writes_a_table(tmp_path):
-    table = tmp_path / "bench.md"
-    result = keras_ctl("bench", "--rounds", "1", "--steps", "3", "--out", str(table))
+def test_bench_writes_tables_and_a_chart(tmp_path):
+    result = keras_ctl(
+        "bench",
+        "--models",
+        "mlp",
+        "--replicas",
+        "2",
+        "--rounds",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [
-        line
-        for line in table.read_text().splitlines()
-        if line.startswith("| mlp") or line.startswith("| cnn")
+    lines = (tmp_path / "benchmark.md").read_text().splitlines()
+    fit_rows = [line.split("|")[1:-1] for line in lines if line.startswith("| mlp")]
+    # spe 1 and 32, XLA off and on; CTLModel and the hand loop run in all four.
+    assert [(r[2].strip(), r[3].strip()) for r in fit_rows] == [
+        ("1", "off"),
+        ("1", "on"),
+        ("32", "off"),
+        ("32", "on"),
     ]
-    assert len(rows) == 4
-    assert all(float(row.split("|")[6]) > 0 for row in rows)
+    for row in fit_rows:  # CTLModel steps/s, hand loop steps/s, their ratio
+        assert float(row[4]) > 0 and float(row[6]) > 0 and float(row[8]) > 0
+    costs = [line for line in lines if line.startswith("| 2 |")]
+    assert len(costs) == 2 and all(c.rstrip(" |").endswith("%") for c in costs)
+    assert (tmp_path / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mixed_precision_trains_in_bfloat16_on_cpu(tmp_path):
+    import keras
+
+    from keras_ctl import datasets
+
+    out = tmp_path / "mixed"
+    result = keras_ctl(
+        "train", "classifier", "--mixed-precision", "--epochs", "1", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = keras.models.load_model(out / "model.keras")
+    policies = {layer.dtype_policy.name for layer in model.layers[1:]}
+    assert policies == {"mixed_bfloat16"}
+    assert all(w.dtype == "float32" for w in model.weights)  # float32 masters
+    _, (x_test, y_test) = datasets.load("digits")
+    logits = model.predict(x_test, verbose=0)
+    assert str(logits.dtype) == "bfloat16"
+    accuracy = float(((logits.astype("float32").argmax(-1)) == y_test).mean())
+    printed = float(result.stdout.split("test_accuracy:")[1].split()[0])
+    assert accuracy == pytest.approx(printed, abs=1e-4)
+    assert accuracy > 0.5  # one epoch on digits learns in bfloat16
 
 
 @pytest.mark.parametrize(

@@ -399,3 +399,53 @@ def test_functional_use_of_a_subclass_keeps_other_subclasses_intact(tmp_path):
     np.testing.assert_allclose(
         loaded.predict(x, verbose=0), model.predict(x, verbose=0)
     )
+
+
+class CountsTraces(keras_ctl.CTLModel):
+    """Counts how often its train step is traced (Python runs at trace time)."""
+
+    traces = 0
+
+    def train_step(self, data):
+        CountsTraces.traces += 1
+        return super().train_step(data)
+
+
+def test_later_epochs_and_fit_calls_reuse_the_traced_step():
+    x, y = small_data(64)
+    model = compile_classifier(functional(CountsTraces))
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    first = model.fit(dataset, epochs=3, verbose=0).history["loss"]
+    traced = CountsTraces.traces
+    second = model.fit(dataset, epochs=2, verbose=0).history["loss"]
+    assert 1 <= traced <= 2  # tf.function retraces once after creating variables
+    assert CountsTraces.traces == traced
+    # The directly called concrete function trains like one device does.
+    reference = compile_classifier(functional())
+    expected = reference.fit(dataset, epochs=5, verbose=0).history["loss"]
+    np.testing.assert_allclose(first + second, expected, atol=ATOL)
+    assert_weights_equal(model, reference)
+
+
+def test_a_built_model_reads_no_extra_batch_under_a_strategy():
+    x, y = small_data(64)
+    iterators = []
+
+    def batches():
+        iterators.append(1)  # runs once per iterator over the dataset
+        yield from zip(x, y)
+
+    dataset = tf.data.Dataset.from_generator(
+        batches,
+        output_signature=(
+            tf.TensorSpec((4,), tf.float32),
+            tf.TensorSpec((), tf.int32),
+        ),
+    ).batch(8)
+    with strategies.get("mirrored").scope():
+        model = compile_classifier(functional())
+    model.fit(dataset, epochs=1, verbose=0)
+    unbuilt_fit = len(iterators)
+    model.fit(dataset, epochs=1, verbose=0)
+    # The first fit reads a batch to build the model; a built model does not.
+    assert len(iterators) - unbuilt_fit == unbuilt_fit - 1
