@@ -84,11 +84,15 @@ def compiled_loss_shares(
             _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
         )
         names.append(name)
-    # A replica padded with a placeholder example contributes nothing.
-    has_examples = tf.cast(batch_size > 0, tf.float32)
     local_batch = tf.cast(batch_size, tf.float32)
     divided = [term for term in terms if term.count is not None]
-    if global_batch_size is None:
+    # A replica padded with a placeholder example contributes nothing.
+    has_examples = tf.cast(batch_size > 0, tf.float32)
+    if global_batch_size is None and reduction.num_replicas() == 1:
+        # One replica: its counts are the global ones, and it is never padded.
+        global_counts = [t.count for t in divided] + [local_batch]
+        has_examples = None
+    elif global_batch_size is None:
         local = tf.stack([t.count for t in divided] + [local_batch]) * has_examples
         # One all-reduce per step for every denominator and the batch size.
         global_counts = tf.unstack(reduction.all_reduce_sum(tf.stop_gradient(local)))
@@ -100,7 +104,9 @@ def compiled_loss_shares(
     counts = iter(global_counts[:-1])
     shares = []
     for term in terms:
-        loss_sum = term.loss_sum * has_examples
+        loss_sum = term.loss_sum
+        if has_examples is not None:
+            loss_sum *= has_examples
         if term.count is None:
             shares.append(loss_sum)
         else:
