@@ -80,15 +80,7 @@ def main():
 
     trunk_before = [w.copy() for w in trunk.get_weights()]
     with strategy.scope():
-        trunk.trainable = False
-        parity = keras_ctl.CTLModel(
-            inputs, keras.layers.Dense(1, name="parity_head")(trunk(inputs))
-        )
-        parity.compile(
-            optimizer=keras.optimizers.Adam(1e-2),
-            loss=keras.losses.BinaryCrossentropy(from_logits=True),
-            metrics=[keras.metrics.BinaryAccuracy(threshold=0.0)],
-        )
+        parity = zoo.parity_head_model(trunk, inputs)
     head_before = [w.copy() for w in parity.get_layer("parity_head").get_weights()]
     parity.fit(
         x_train,

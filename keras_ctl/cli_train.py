@@ -121,7 +121,6 @@ def _multihead(args, strategy, data, out):
     the frozen trunk; the trunk is saved alone."""
     import keras
 
-    import keras_ctl
     from keras_ctl import zoo
 
     (x_train, y_train), (x_test, y_test) = data
@@ -138,15 +137,7 @@ def _multihead(args, strategy, data, out):
         callbacks=_callbacks(out, "backup_classes"),
     ).history
     with strategy.scope():
-        trunk.trainable = False
-        parity = keras_ctl.CTLModel(
-            inputs, keras.layers.Dense(1, name="parity_head")(trunk(inputs))
-        )
-        parity.compile(
-            optimizer=keras.optimizers.Adam(1e-2),
-            loss=keras.losses.BinaryCrossentropy(from_logits=True),
-            metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")],
-        )
+        parity = zoo.parity_head_model(trunk, inputs)
     second = parity.fit(
         x_train,
         (y_train % 2).astype("float32"),

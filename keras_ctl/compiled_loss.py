@@ -86,12 +86,12 @@ def compiled_loss_shares(
         names.append(name)
     local_batch = tf.cast(batch_size, tf.float32)
     divided = [term for term in terms if term.count is not None]
+    # One replica: its counts are the global ones, and it is never padded.
+    one_replica = global_batch_size is None and reduction.num_replicas() == 1
     # A replica padded with a placeholder example contributes nothing.
-    has_examples = tf.cast(batch_size > 0, tf.float32)
-    if global_batch_size is None and reduction.num_replicas() == 1:
-        # One replica: its counts are the global ones, and it is never padded.
+    has_examples = None if one_replica else tf.cast(batch_size > 0, tf.float32)
+    if one_replica:
         global_counts = [t.count for t in divided] + [local_batch]
-        has_examples = None
     elif global_batch_size is None:
         local = tf.stack([t.count for t in divided] + [local_batch]) * has_examples
         # One all-reduce per step for every denominator and the batch size.

@@ -192,32 +192,19 @@ class CTLModel(keras.Model):
         self.predict_function = step_function.make_predict_function(self)
         return self.predict_function
 
-    def _needs_a_batch_to_build(self):
-        # The conditions under which Keras 3.15's `_symbolic_build` reads a
-        # batch; otherwise it only builds the optimizer.
-        return (
-            not all(layer.built for layer in self._flatten_layers())
-            or (self._compile_metrics is not None and not self._compile_metrics.built)
-            or (self._compile_loss is not None and not self._compile_loss.built)
-        )
-
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras 3.15 builds from `strategy.reduce("MEAN", first_batch)`,
         # which fails for uneven per-replica batches and under
-        # MultiWorkerMirroredStrategy. Shapes are all it needs: build from the
-        # first replica's part of the first batch.
+        # MultiWorkerMirroredStrategy. Shapes are all it needs: Keras's own
+        # `_symbolic_build` reads the first replica's part of the first batch,
+        # and only when something is unbuilt (each read opens a multi-device
+        # iterator, about 0.2 s on CPU).
         if self._distribute_strategy is None:
             return
-        if iterator is not None and self._needs_a_batch_to_build():
-            # Each pass over a distributed dataset starts its own
-            # multi-device iterator (about 0.2 s on CPU): only when needed.
-            for _, _, batches in iterator:
-                data_batch = self.distribute_strategy.experimental_local_results(
-                    next(batches)
-                )[0]
-                break
+        if iterator is not None:
+            iterator = _first_replica_batches(iterator, self.distribute_strategy)
         with self.distribute_strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+            self._symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _loss_share(self, x, y, y_pred, sample_weight, batch_size):
         """Returns `(loss share, LossShares)` for the default steps.
@@ -273,6 +260,15 @@ class CTLModel(keras.Model):
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
+
+
+def _first_replica_batches(epoch_iterator, strategy):
+    """`epoch_iterator`'s steps, each batch cut to the first replica's part.
+
+    A generator: nothing is read until Keras asks for a batch.
+    """
+    for begin, end, batches in epoch_iterator:
+        yield begin, end, (strategy.experimental_local_results(b)[0] for b in batches)
 
 
 _FUNCTIONAL_VARIANTS = {}

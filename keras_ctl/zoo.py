@@ -96,3 +96,17 @@ def class_head_model(trunk, inputs, num_classes=10):
         metrics=["accuracy"],
     )
     return model
+
+
+def parity_head_model(trunk, inputs):
+    """The frozen `trunk` + a 1-unit `parity_head` (even / odd digit),
+    compiled with Adam; only the head trains. Call it in the strategy's
+    scope."""
+    trunk.trainable = False
+    model = CTLModel(inputs, keras.layers.Dense(1, name="parity_head")(trunk(inputs)))
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")],
+    )
+    return model
