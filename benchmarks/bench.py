@@ -1,7 +1,7 @@
 """CTLModel.fit vs keras.Model.fit vs hand-written loops, and the all-reduce cost.
 
-The benchmark lives in `keras_ctl.bench` so that `keras-ctl bench` runs it
-too; see that module for what is measured and how.
+The benchmark is `keras-ctl bench`; see `keras_ctl/cli/bench.py` for what is
+measured and how.
 
 Usage:
     python benchmarks/bench.py [--models mlp,cnn] [--replicas 1,2] [--rounds 5]
@@ -10,7 +10,7 @@ Usage:
 
 import sys
 
-from keras_ctl import bench
+import keras_ctl_cli
 
 if __name__ == "__main__":
-    sys.exit(bench.main())
+    sys.exit(keras_ctl_cli.main(["bench", *sys.argv[1:]]))

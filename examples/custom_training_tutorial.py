@@ -1,4 +1,4 @@
-"""The TensorFlow tutorial "Custom training with tf.distribute" (seeds 000/001).
+"""The TensorFlow tutorial "Custom training with tf.distribute".
 
 Trains the tutorial's CNN as a `keras_ctl.CTLModel` under `MirroredStrategy`,
 writes a `tf.train.Checkpoint` every 2 epochs with a `CheckpointManager`,
@@ -20,7 +20,7 @@ from _args import parse_args
 def compiled_cnn(input_shape):
     import keras
 
-    from keras_ctl import zoo
+    from keras_ctl.demos import models as zoo
 
     model = zoo.tutorial_cnn(input_shape)
     model.compile(

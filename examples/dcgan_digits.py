@@ -1,6 +1,6 @@
 """Train a DCGAN on the bundled 8x8 digits with keras_ctl.GAN.
 
-The Keras guide's GAN step (seed 002): discriminator on real + generated
+The Keras guide's GAN step: discriminator on real + generated
 images with noisy labels, then generator against "all real" labels, two Adam
 optimizers, under `MirroredStrategy`. After every epoch it writes a 4x4 grid
 of samples from fixed latent vectors to `--out/samples_epoch_NNN.png`, and at
@@ -18,7 +18,7 @@ from _args import parse_args
 
 
 def build_models(latent_dim):
-    from keras_ctl import zoo
+    from keras_ctl.demos import models as zoo
 
     return zoo.gan_models((8, 8, 1), latent_dim)
 
@@ -41,8 +41,8 @@ def main():
 
     import keras_ctl
     from keras_ctl import datasets
-    from keras_ctl import plots
     from keras_ctl import strategies
+    from keras_ctl.demos import plots
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
     (x_train, _), (x_test, _) = datasets.load("digits")

@@ -1,4 +1,4 @@
-"""What `fit()` runs inside (seeds 002/003), written with keras_ctl's blocks.
+"""What `fit()` runs inside , written with keras_ctl's blocks.
 
 A `CTLModel` subclass spells out its `train_step` with the building blocks:
 forward pass, `scaled_regularization_loss` (the guide's

@@ -26,7 +26,7 @@ from _args import parse_args
 
 
 def tutorial_cnn(model_class, input_shape):
-    from keras_ctl import zoo
+    from keras_ctl.demos import models as zoo
 
     return zoo.tutorial_cnn(input_shape, model_class=model_class)
 

@@ -1,5 +1,5 @@
 """A trunk shared by two heads: train one path, fine-tune the other head,
-save the trunk alone (seed 004), under MirroredStrategy.
+save the trunk alone, under MirroredStrategy.
 
 1. Train trunk + class head (10 digit classes) with variable groups: the
    trunk by SGD with momentum, the head by Adam, through
@@ -53,7 +53,7 @@ def main():
     import keras_ctl
     from keras_ctl import datasets
     from keras_ctl import strategies
-    from keras_ctl import zoo
+    from keras_ctl.demos import models as zoo
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
     (x_train, y_train), (x_test, y_test) = datasets.load("digits")

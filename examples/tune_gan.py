@@ -29,13 +29,14 @@ def main():
     import keras_ctl
     from keras_ctl import datasets
     from keras_ctl import strategies
+    from keras_ctl.demos.tuning import GANHyperModel
 
     strategy = strategies.local_mirrored_strategy(args.replicas)
 
     (x_train, _), (x_test, _) = datasets.load("digits")
     images = np.concatenate([x_train, x_test])
     tuner = keras_tuner.RandomSearch(
-        keras_ctl.tuning.GANHyperModel((8, 8, 1), batch_sizes_per_replica=[16, 32]),
+        GANHyperModel((8, 8, 1), batch_sizes_per_replica=[16, 32]),
         objective=keras_ctl.tuning.objective("g_loss"),
         max_trials=args.trials,
         distribution_strategy=strategy,

@@ -1,38 +1,55 @@
-"""keras_ctl: exact custom training loops for Keras under any tf.distribute strategy."""
+"""keras_ctl: exact custom training loops for Keras under any tf.distribute strategy.
+
+The public surface, re-exported here:
+
+- `CTLModel`, `GAN`: models whose `fit()` is exact under any strategy.
+- building blocks for custom steps (`keras_ctl.blocks`): `global_mean`,
+  `scaled_regularization_loss`, `minimize`, `all_reduce_sum`,
+  `num_replicas`;
+- typed step outputs (`keras_ctl.outputs`): `ReplicaSum`, `ExampleMean`,
+  `Synchronized`;
+- modules: `callbacks` (`BackupAndRestore`), `strategies`, `datasets`,
+  `launch`, and `tuning` (`CTLHyperModel`; needs keras-tuner, imported
+  when first used).
+"""
+
+__version__ = "0.1.0"
+
+from keras_ctl import _compat
+
+_compat.check_versions()
 
 try:
     import tensorflow as _tf  # noqa: F401
 except ImportError as error:  # pragma: no cover - depends on the install
     raise ImportError(
-        "keras_ctl needs TensorFlow >= 2.16, which is not installed. Install "
-        "it with `pip install 'keras-ctl[cpu]'` (CPU) or "
-        "`pip install 'keras-ctl[gpu]'` (CUDA), or bring your own "
-        "`tensorflow` package."
+        "keras_ctl needs TensorFlow, which is not installed. Install it with "
+        "`pip install 'keras-ctl[cpu]'` (CPU) or `pip install 'keras-ctl[gpu]'` "
+        "(CUDA), or bring your own `tensorflow` package."
     ) from error
 
-import keras as _keras
+import keras as _keras_module  # noqa: E402
 
-if _keras.backend.backend() != "tensorflow":  # pragma: no cover
+if _keras_module.backend.backend() != "tensorflow":  # pragma: no cover
     raise ImportError(
         "keras_ctl runs on the TensorFlow backend of Keras. Received: "
-        f"KERAS_BACKEND={_keras.backend.backend()!r}. Set "
+        f"KERAS_BACKEND={_keras_module.backend.backend()!r}. Set "
         "`KERAS_BACKEND=tensorflow` before importing Keras."
     )
 
-from keras_ctl import callbacks
-from keras_ctl import datasets
-from keras_ctl import strategies
-from keras_ctl.ctl_model import CTLModel
-from keras_ctl.gan import GAN
-from keras_ctl.optimization import minimize
-from keras_ctl.reduction import ExampleMean
-from keras_ctl.reduction import ReplicaSum
-from keras_ctl.reduction import Synchronized
-from keras_ctl.reduction import all_reduce_sum
-from keras_ctl.reduction import global_mean
-from keras_ctl.reduction import scaled_regularization_loss
-
-__version__ = "0.1.0"
+from keras_ctl import callbacks  # noqa: E402
+from keras_ctl import datasets  # noqa: E402
+from keras_ctl import strategies  # noqa: E402
+from keras_ctl.blocks import all_reduce_sum  # noqa: E402
+from keras_ctl.blocks import global_mean  # noqa: E402
+from keras_ctl.blocks import minimize  # noqa: E402
+from keras_ctl.blocks import num_replicas  # noqa: E402
+from keras_ctl.blocks import scaled_regularization_loss  # noqa: E402
+from keras_ctl.gan import GAN  # noqa: E402
+from keras_ctl.model import CTLModel  # noqa: E402
+from keras_ctl.outputs import ExampleMean  # noqa: E402
+from keras_ctl.outputs import ReplicaSum  # noqa: E402
+from keras_ctl.outputs import Synchronized  # noqa: E402
 
 
 def __getattr__(name):
@@ -48,8 +65,9 @@ def __getattr__(name):
     raise AttributeError(f"module 'keras_ctl' has no attribute {name!r}")
 
 
+# `CTLHyperModel` and `tuning` are public too, but left out of `__all__`:
+# `from keras_ctl import *` must work without keras-tuner installed.
 __all__ = [
-    "CTLHyperModel",
     "CTLModel",
     "ExampleMean",
     "GAN",
@@ -60,6 +78,7 @@ __all__ = [
     "datasets",
     "global_mean",
     "minimize",
+    "num_replicas",
     "scaled_regularization_loss",
     "strategies",
 ]

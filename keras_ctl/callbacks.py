@@ -7,13 +7,21 @@ import warnings
 
 import keras
 
+from keras_ctl import _keras
 from keras_ctl import strategies
+from keras_ctl._engine.resume import ResumePlan
+from keras_ctl.model import CTLModel
+
+_WEIGHTS = "latest.weights.h5"
+_METADATA = "training_metadata.json"
+_PREVIOUS = ".bkp"  # suffix of the previous backup's files (Keras's names)
 
 
-class BackupAndRestore(keras.callbacks.BackupAndRestore):
+class BackupAndRestore(keras.callbacks.Callback):
     """Backs up training state and resumes exactly where a killed run stopped.
 
-    A drop-in for `keras.callbacks.BackupAndRestore` with three additions:
+    Takes the arguments of `keras.callbacks.BackupAndRestore`, with the same
+    defaults, and writes the same files, plus:
 
     - **Mid-epoch resume.** With `save_freq=N`, a restarted `fit()` of a
       `keras_ctl.CTLModel` skips the batches the killed run had already
@@ -22,25 +30,26 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       same order on restart (`shuffle=False`, or a `tf.data` pipeline with a
       fixed shuffle seed); metrics of the resumed epoch average only the
       batches trained after the restart.
+    - **Every optimizer.** Each optimizer the model lists in
+      `optimizers_and_variables()` (both of a `keras_ctl.GAN`) is built
+      before a backup loads, so its state is restored too, with a GAN's
+      latent random stream.
     - **Multi-worker.** Under `MultiWorkerMirroredStrategy` every worker
       saves (as TensorFlow requires), but only the chief writes to
       `backup_dir`; the others write to a temporary sibling folder
-      (`<backup_dir>_workertemp_<i>`) and delete it.
-      All workers restore from `backup_dir`, which must be shared storage
-      on real clusters.
-    - **Corrupted backups.** If the latest backup cannot be read, the
-      previous one is restored with a warning that names both.
-
-    The backup holds everything `model.save_weights()` saves: the weights,
-    every optimizer's state (both of a `keras_ctl.GAN`) and a GAN's latent
-    random stream.
+      (`keras_ctl.strategies.write_path`) and delete it. All workers restore
+      from `backup_dir`, which must be shared storage on real clusters.
+    - **Safe writes.** Weights are written to a temporary file and renamed,
+      so a crash while saving leaves the last backup whole. With
+      `double_checkpoint=True`, a backup that cannot be read is replaced by
+      the previous one, with a warning that names both.
 
     Args:
         backup_dir: Folder for the backup (shared by the workers).
         save_freq: `"epoch"`, or a number of batches between backups.
             Defaults to `"epoch"`.
         double_checkpoint: Keep the previous backup too, to fall back on.
-            Defaults to `True`.
+            Defaults to `False`.
         delete_checkpoint: Delete the backup when training ends.
             Defaults to `True`.
 
@@ -56,92 +65,127 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self,
         backup_dir,
         save_freq="epoch",
-        double_checkpoint=True,
+        double_checkpoint=False,
         delete_checkpoint=True,
     ):
+        super().__init__()
         if not backup_dir:
             raise ValueError(
                 "Expected a folder for the backup. Received: "
                 f"backup_dir={backup_dir!r}."
             )
-        super().__init__(
-            backup_dir,
-            save_freq=save_freq,
-            double_checkpoint=double_checkpoint,
-            delete_checkpoint=delete_checkpoint,
-        )
+        if save_freq != "epoch" and (
+            isinstance(save_freq, bool)
+            or not isinstance(save_freq, int)
+            or save_freq < 1
+        ):
+            raise ValueError(
+                "Expected `save_freq` to be 'epoch' or a number of batches >= 1. "
+                f"Received: save_freq={save_freq!r}."
+            )
+        self.backup_dir = str(backup_dir)
+        self.save_freq = save_freq
+        self.double_checkpoint = double_checkpoint
+        self.delete_checkpoint = delete_checkpoint
+        self._epoch = 0
+        self._batches_done = 0  # in the current epoch, resumed batches included
+        self._since_save = 0
+        self._skipped = 0  # batches of the resumed epoch trained before a kill
+        self._quiet = None
+
+    def _path(self, name, previous=False):
+        return os.path.join(self.backup_dir, name + (_PREVIOUS if previous else ""))
 
     def on_train_begin(self, logs=None):
         try:
-            self._load_model()
+            self._restore()
         except (OSError, ValueError) as error:
-            if not os.path.exists(self._prev_weights_path):
+            previous = self._path(_WEIGHTS, previous=True)
+            if not os.path.exists(previous):
                 raise
             warnings.warn(
-                f"The latest backup {self._weights_path} could not be read "
+                f"The latest backup {self._path(_WEIGHTS)} could not be read "
                 f"({type(error).__name__}: {error}). Restoring the previous "
-                f"backup {self._prev_weights_path} instead.",
+                f"backup {previous} instead.",
                 stacklevel=2,
             )
-            shutil.copy(self._prev_weights_path, self._weights_path)
-            if os.path.exists(self._prev_training_metadata_path):
-                shutil.copy(
-                    self._prev_training_metadata_path, self._training_metadata_path
-                )
-            self._load_model()
+            for name in (_WEIGHTS, _METADATA):
+                if os.path.exists(self._path(name, previous=True)):
+                    shutil.copy(self._path(name, previous=True), self._path(name))
+            self._restore()
 
-    def _load_model(self):
-        _build_optimizers(self.model)
-        super()._load_model()
-        self._skipped = 0
-        if os.path.exists(self._training_metadata_path):
-            with open(self._training_metadata_path) as f:
-                self._skipped = json.load(f).get("batches_done", 0)
-        if self._skipped:
-            # The step function skips what the killed run already trained on.
-            steps = self.params.get("steps") if self.params else None
-            self.model._ctl_resume = {
-                "skip": self._skipped,
-                "left": None if steps is None else steps - self._skipped,
-            }
-
-    def _save_model(self):
-        if not strategies.is_chief(self.model.distribute_strategy):
-            # Every worker takes part in saving; only the chief's files stay.
-            # A sibling folder: the chief may delete `backup_dir` meanwhile.
-            folder = os.path.normpath(self.backup_dir)
-            temporary = f"{folder}_workertemp_{_task_index()}"
-            os.makedirs(temporary, exist_ok=True)
-            try:
-                self.model.save_weights(os.path.join(temporary, "latest.weights.h5"))
-            finally:
-                shutil.rmtree(temporary, ignore_errors=True)
+    def _restore(self):
+        if not os.path.exists(self._path(_WEIGHTS)):
             return
-        # Other workers may create the folder at the same moment.
-        os.makedirs(self.backup_dir, exist_ok=True)
-        super()._save_model()
-        with open(self._training_metadata_path) as f:
+        if not self.model.built:
+            raise ValueError(
+                "BackupAndRestore restores into a built model. Received: an "
+                f"unbuilt model {self.model.name!r}. Build it first, e.g. by "
+                "calling it on a batch or starting it with `keras.Input`."
+            )
+        _build_optimizers(self.model)
+        self.model.load_weights(self._path(_WEIGHTS))
+        if not os.path.exists(self._path(_METADATA)):
+            return
+        with open(self._path(_METADATA)) as f:
             metadata = json.load(f)
-        metadata["batches_done"] = self._batches_done
-        with open(self._training_metadata_path, "w") as f:
-            json.dump(metadata, f)
+        self._epoch = metadata["epoch"]
+        _keras.set_initial_epoch(self.model, self._epoch)
+        self._skipped = metadata.get("batches_done", 0)
+        if self._skipped and isinstance(self.model, CTLModel):
+            steps = self.params.get("steps") if self.params else None
+            self.model._resume_plan = ResumePlan(self._skipped, steps)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._batches_done = 0
-        if getattr(self, "_skipped", 0):
-            # The resumed epoch runs out of data `_skipped` batches early.
-            warnings.filterwarnings("ignore", message=_RAN_OUT_OF_DATA)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if getattr(self, "_skipped", 0):
-            self._skipped = 0
-            _remove_filter(_RAN_OUT_OF_DATA)
-        self._batches_done = 0
-        super().on_epoch_end(epoch, logs)
+        self._epoch = epoch
+        self._batches_done = self._skipped
+        if self._skipped:
+            # The resumed epoch ends `_skipped` batches early, on purpose.
+            self._quiet = warnings.catch_warnings()
+            self._quiet.__enter__()
+            warnings.filterwarnings("ignore", message=_keras.RAN_OUT_OF_DATA)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._batches_done = self._skipped + batch + 1
-        super().on_train_batch_end(batch, logs)
+        done = self._skipped + batch + 1
+        self._since_save += done - self._batches_done
+        self._batches_done = done
+        if self.save_freq != "epoch" and self._since_save >= self.save_freq:
+            self._save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
+        self._skipped = 0
+        self._epoch, self._batches_done = epoch + 1, 0
+        if self.save_freq == "epoch":
+            self._save()
+
+    def _save(self):
+        self._since_save = 0
+        strategy = self.model.distribute_strategy
+        folder = strategies.write_path(self.backup_dir, strategy)
+        # Other workers may create the folder at the same moment.
+        os.makedirs(folder, exist_ok=True)
+        if not strategies.is_chief(strategy):
+            # Every worker takes part in saving; only the chief's files stay.
+            try:
+                self.model.save_weights(os.path.join(folder, _WEIGHTS))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+            return
+        if self.double_checkpoint:
+            for name in (_WEIGHTS, _METADATA):
+                if os.path.exists(self._path(name)):
+                    shutil.copy(self._path(name), self._path(name, previous=True))
+        # Write, then rename: a crash while writing leaves the last backup.
+        temporary = self._path("saving.weights.h5")
+        self.model.save_weights(temporary)
+        os.replace(temporary, self._path(_WEIGHTS))
+        metadata = {"epoch": self._epoch, "batches_done": self._batches_done}
+        with open(self._path(_METADATA) + ".saving", "w") as f:
+            json.dump(metadata, f)
+        os.replace(self._path(_METADATA) + ".saving", self._path(_METADATA))
 
     def on_train_end(self, logs=None):
         chief = strategies.is_chief(self.model.distribute_strategy)
@@ -149,30 +193,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
 
-_RAN_OUT_OF_DATA = "Your input ran out of data"
-
-
-def _remove_filter(message):
-    warnings.filters[:] = [
-        f
-        for f in warnings.filters
-        if not (f[1] is not None and f[1].pattern == message)
-    ]
-
-
 def _build_optimizers(model):
-    """Creates every optimizer's variables so that a backup can load into them."""
-    pairs = [(model.optimizer, model.trainable_variables)]
-    if hasattr(model, "_optimizers_and_models"):  # a keras_ctl.GAN
-        pairs = [
-            (opt, m.trainable_variables) for opt, m in model._optimizers_and_models()
-        ]
-    for optimizer, variables in pairs:
-        if optimizer is not None and not optimizer.built:
-            with model.distribute_strategy.scope():
-                optimizer.build(variables)
-
-
-def _task_index():
-    config = json.loads(os.environ.get("TF_CONFIG", "{}"))
-    return config.get("task", {}).get("index", 0)
+    """Creates every optimizer's variables so that a backup loads into them."""
+    if isinstance(model, CTLModel):
+        model.build_optimizers()
+    elif model.optimizer is not None and not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)

@@ -1,20 +1,22 @@
 """`GAN`: the Keras GAN guide's model, exact under any strategy.
 
-Each step follows the guide (seed 002): the discriminator learns on
-generated images (label 1) and real images (label 0) with noisy labels,
-`d_steps` times, then the generator learns against "all real" labels (0).
-Each loss is a mean over the global batch (`keras_ctl.global_mean`), each
-optimizer scales its own loss (its own `LossScaleOptimizer` under
-`mixed_float16`) and applies summed gradients to its own variables only.
+Each step follows the Keras guide "Customizing what happens in fit()": the
+discriminator learns on generated images (label 1) and real images (label 0)
+with noisy labels, `d_steps` times, then the generator learns against "all
+real" labels (0). Each loss is a mean over the global batch
+(`keras_ctl.global_mean`), each optimizer scales its own loss (its own
+`LossScaleOptimizer` under `mixed_float16`) and applies summed gradients to
+its own variables only.
 """
 
 import keras
 import tensorflow as tf
 
-from keras_ctl import optimization
-from keras_ctl import reduction
-from keras_ctl.ctl_model import CTLModel
-from keras_ctl.ctl_model import pad_empty_batch
+from keras_ctl import _checks
+from keras_ctl import _keras
+from keras_ctl import blocks
+from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl.model import CTLModel
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -37,7 +39,7 @@ class GAN(CTLModel):
     `fit(images)` samples latent vectors from a `keras.random.SeedGenerator`
     whose state is a model variable: a saved and restored GAN continues the
     same stream. For a reproducible run, pass the latent vectors with the
-    data instead: `fit((images, latents))` with `latents` of shape
+    data instead: `fit(images, latents)` with `latents` of shape
     `(n, d_steps + 1, latent_dim)` (one vector per discriminator step, then
     one for the generator step), and `label_noise=0.0`.
 
@@ -118,10 +120,7 @@ class GAN(CTLModel):
         # Build both optimizers now, so that a backup or checkpoint (stock
         # `BackupAndRestore` included) can restore their state before fit.
         if self.built:
-            for optimizer, model in self._optimizers_and_models():
-                optimization.build_optimizer(
-                    optimizer, model.trainable_weights, self.distribute_strategy
-                )
+            self.build_optimizers()
 
     def _with_loss_scale(self, optimizer):
         # Each optimizer keeps its own dynamic loss scale.
@@ -143,16 +142,17 @@ class GAN(CTLModel):
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
         # The placeholder example of an empty replica weighs nothing.
         weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, "float32"))
-        steps_per_replica = 1.0 / reduction.num_replicas()
+        # Each replica adds its share and 1/R of a step: the mean over steps.
+        steps_per_replica = 1.0 / blocks.num_replicas()
         for i in range(self.d_steps):
             d_loss = self.train_discriminator(
                 real, self._latents(latents, i, real), weight
             )
-            _add_step_mean(self.d_loss_tracker, d_loss, steps_per_replica)
+            _keras.add_to_mean(self.d_loss_tracker, d_loss, steps_per_replica)
         g_loss = self.train_generator(
             self._latents(latents, self.d_steps, real), weight
         )
-        _add_step_mean(self.g_loss_tracker, g_loss, steps_per_replica)
+        _keras.add_to_mean(self.g_loss_tracker, g_loss, steps_per_replica)
         return {m.name: m.result() for m in self.metrics}
 
     def train_discriminator(self, real, latents, weight=None):
@@ -186,7 +186,7 @@ class GAN(CTLModel):
         with tf.GradientTape() as tape:
             predictions = self.discriminator(combined)
             loss = self._mean_loss(labels, predictions, weights, self.discriminator)
-        optimization.minimize(loss, variables, self.d_optimizer, tape)
+        blocks.minimize(loss, variables, self.d_optimizer, tape)
         return loss
 
     def train_generator(self, latents, weight=None):
@@ -210,18 +210,18 @@ class GAN(CTLModel):
             loss = self._mean_loss(
                 misleading_labels, predictions, weight, self.generator
             )
-        optimization.minimize(loss, variables, self.g_optimizer, tape)
+        blocks.minimize(loss, variables, self.g_optimizer, tape)
         return loss
 
     def _mean_loss(self, labels, predictions, weights, model):
         # Layer losses first: a later all-reduce may swap them (replica threads).
-        regularization = reduction.scaled_regularization_loss(model.losses)
+        regularization = blocks.scaled_regularization_loss(model.losses)
         predictions = tf.cast(predictions, "float32")
         if isinstance(self.loss_fn, keras.losses.Loss):
             per_example = self.loss_fn.call(labels, predictions)
         else:
             per_example = self.loss_fn(labels, predictions)
-        return reduction.global_mean(per_example, weights) + regularization
+        return blocks.global_mean(per_example, weights) + regularization
 
     def _latents(self, latents, index, real):
         if latents is not None:
@@ -236,28 +236,25 @@ class GAN(CTLModel):
         return tf.random.experimental.stateless_fold_in(seed, replica)
 
     def fit(self, *args, **kwargs):
-        pairs = self._optimizers_and_models()
+        pairs = self.optimizers_and_variables()
         before = [int(optimizer.iterations.numpy()) for optimizer, _ in pairs]
         history = super().fit(*args, **kwargs)
         # Keras finalizes only `self.optimizer` (EMA weights); do both.
-        for (optimizer, model), start in zip(pairs, before):
+        for (optimizer, variables), start in zip(pairs, before):
             if int(optimizer.iterations.numpy()) > start:
-                optimizer.finalize_variable_values(model.trainable_weights)
+                optimizer.finalize_variable_values(variables)
         return history
 
-    def _optimizers_and_models(self):
-        return (
-            (self.d_optimizer, self.discriminator),
-            (self.g_optimizer, self.generator),
-        )
+    def optimizers_and_variables(self):
+        """The discriminator's optimizer and variables, then the generator's."""
+        return [
+            (self.d_optimizer, self.discriminator.trainable_weights),
+            (self.g_optimizer, self.generator.trainable_weights),
+        ]
 
     def make_train_function(self, force=False):
         if self.train_function is None or force:
-            strategy = self.distribute_strategy
-            for optimizer, model in self._optimizers_and_models():
-                optimization.build_optimizer(
-                    optimizer, model.trainable_weights, strategy
-                )
+            self.build_optimizers()  # `CTLModel` builds them only when built
         return super().make_train_function(force)
 
     def test_step(self, data):
@@ -272,9 +269,10 @@ class GAN(CTLModel):
         store[_SEED_KEY] = self.seed_generator.state
 
     def load_own_variables(self, store):
-        own = self._trainable_variables + self._non_trainable_variables
-        for i, variable in enumerate(own):
-            variable.assign(store[f"{i}"])
+        # Keras checks that the store holds exactly its own variables.
+        super().load_own_variables(
+            {key: store[key] for key in store.keys() if key != _SEED_KEY}
+        )
         if _SEED_KEY in store.keys():
             self.seed_generator.state.assign(store[_SEED_KEY])
 
@@ -310,20 +308,9 @@ class GAN(CTLModel):
 _SEED_KEY = "latent_seed_state"
 
 
-def _add_step_mean(tracker, share, steps_per_replica):
-    """Adds one step's global loss to a `Mean`: shares sum to the loss."""
-    tracker.total.assign_add(tf.cast(share, tracker.dtype))
-    tracker.count.assign_add(tf.cast(steps_per_replica, tracker.dtype))
-
-
 def _check_options(latent_dim, d_steps, label_noise):
-    if not isinstance(latent_dim, int) or latent_dim < 1:
-        raise ValueError(
-            "Expected `latent_dim` to be an integer >= 1. "
-            f"Received: latent_dim={latent_dim!r}"
-        )
-    if not isinstance(d_steps, int) or d_steps < 1:
-        raise ValueError(f"Expected `d_steps` >= 1. Received: d_steps={d_steps!r}")
+    _checks.positive_int("latent_dim", latent_dim)
+    _checks.positive_int("d_steps", d_steps)
     if not 0.0 <= float(label_noise) <= 1.0:
         raise ValueError(
             "Expected `label_noise` between 0 and 1. "

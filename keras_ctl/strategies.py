@@ -1,6 +1,11 @@
 """Local strategies for examples and scripts: GPUs, or logical CPU devices."""
 
+import json
+import os
+
 import tensorflow as tf
+
+from keras_ctl import _checks
 
 
 def local_mirrored_strategy(replicas):
@@ -31,8 +36,7 @@ def local_mirrored_strategy(replicas):
         model = build_model()
     ```
     """
-    if not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"Expected `replicas` >= 1. Received: replicas={replicas!r}.")
+    _checks.positive_int("replicas", replicas)
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= replicas:
         return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(replicas)])
@@ -72,8 +76,6 @@ def multi_worker_strategy():
     model.fit(dataset, epochs=3)
     ```
     """
-    import os
-
     if not os.environ.get("TF_CONFIG"):
         raise RuntimeError(
             "MultiWorkerMirroredStrategy needs the cluster in `TF_CONFIG`. "
@@ -114,3 +116,32 @@ def is_chief(strategy=None):
         and resolver.task_id == 0
         and "chief" not in cluster
     )
+
+
+def task_index():
+    """This worker's index in the cluster of `TF_CONFIG` (0 without one)."""
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    return int(config.get("task", {}).get("index", 0))
+
+
+def write_path(path, strategy=None):
+    """Where this worker writes the file or folder `path`.
+
+    The TensorFlow multi-worker convention: every worker writes (saving
+    takes part in collectives), the chief to `path`, every other worker to a
+    temporary sibling, `<path>_workertemp_<index>`, that it deletes after.
+
+    Example:
+
+    ```python
+    target = keras_ctl.strategies.write_path("model.keras")
+    model.save(target)
+    if not keras_ctl.strategies.is_chief():
+        os.remove(target)
+    ```
+    """
+    if is_chief(strategy):
+        return str(path)
+    path = os.path.normpath(str(path))
+    stem, extension = os.path.splitext(path)
+    return f"{stem}_workertemp_{task_index()}{extension}"

@@ -62,7 +62,8 @@ class CTLHyperModel(keras_tuner.HyperModel):
         choices = batch_sizes_per_replica
         if choices is not None:
             values = [choices] if isinstance(choices, int) else list(choices)
-            if not values or any(not isinstance(v, int) or v < 1 for v in values):
+            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
+            if not values or bad or min(values) < 1:
                 raise ValueError(
                     "Expected `batch_sizes_per_replica` to be a positive int or "
                     "a non-empty list of them. Received: "
@@ -88,45 +89,6 @@ class CTLHyperModel(keras_tuner.HyperModel):
         if isinstance(choices, int):
             return choices
         return hp.Choice("batch_size_per_replica", list(choices))
-
-
-class GANHyperModel(CTLHyperModel):
-    """Searches a `keras_ctl.zoo` DCGAN: two learning rates and `d_steps`.
-
-    Args:
-        image_shape: Shape of one image, e.g. `(8, 8, 1)`.
-        latent_dim: Size of the latent vectors. Defaults to `32`.
-        **kwargs: `CTLHyperModel` options (`batch_sizes_per_replica`).
-    """
-
-    def __init__(self, image_shape, latent_dim=32, **kwargs):
-        super().__init__(**kwargs)
-        self.image_shape = tuple(image_shape)
-        self.latent_dim = latent_dim
-
-    def build(self, hp):
-        import keras
-
-        from keras_ctl import zoo
-        from keras_ctl.gan import GAN
-
-        discriminator, generator = zoo.gan_models(self.image_shape, self.latent_dim)
-        gan = GAN(
-            discriminator=discriminator,
-            generator=generator,
-            latent_dim=self.latent_dim,
-            d_steps=hp.Int("d_steps", 1, 2),
-            seed=0,
-        )
-        learning_rates = {
-            name: hp.Float(f"{name}_learning_rate", 1e-4, 3e-3, sampling="log")
-            for name in ("d", "g")
-        }
-        gan.compile(
-            d_optimizer=keras.optimizers.Adam(learning_rates["d"], beta_1=0.5),
-            g_optimizer=keras.optimizers.Adam(learning_rates["g"], beta_1=0.5),
-        )
-        return gan
 
 
 def objective(name, direction=None):

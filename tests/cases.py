@@ -56,12 +56,12 @@ def build(case, model_class):
     inputs = keras.Input((8, 8, 1))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     compile_kwargs = {}
-    if case in ("uneven", "empty_replica", "sample_weight", "seed"):
+    if case in ("uneven", "empty_replica", "sample_weight", "tutorial"):
         n, batch = {
             "uneven": (1001, 64),
             "empty_replica": (97, 8),
             "sample_weight": (203, 16),
-            "seed": (256, 32),
+            "tutorial": (256, 32),
         }[case]
         outputs = _dense(10, 2)(_conv_body(inputs))
         x, y = digits(n)
@@ -133,16 +133,16 @@ INVARIANCE_CASES = (
 )
 
 
-def run_seed_loop(strategy=None):
-    """Trains the "seed" case with the tutorial's hand-written loop."""
-    import seed_loop
+def run_tutorial_loop(strategy=None):
+    """Trains the "tutorial" case with the tutorial's hand-written loop."""
     import tensorflow as tf
+    import tutorial_loop
 
     strategy = strategy or tf.distribute.get_strategy()
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model, fit_kwargs, _ = build("seed", keras.Model)
-    losses = seed_loop.train(
+        model, fit_kwargs, _ = build("tutorial", keras.Model)
+    losses = tutorial_loop.train(
         model,
         fit_kwargs["x"],
         fit_kwargs["y"],
@@ -161,8 +161,8 @@ def run_all(strategy):
     results = {case: run(case, strategy=strategy) for case in INVARIANCE_CASES}
     results["uneven_spe32"] = run("uneven", strategy=strategy, steps_per_execution=32)
     results["uneven_xla"] = run("uneven", strategy=strategy, jit_compile=True)
-    results["seed_ctl"] = run("seed", strategy=strategy)
-    results["seed_loop"] = run_seed_loop(strategy)
+    results["tutorial_ctl"] = run("tutorial", strategy=strategy)
+    results["tutorial_loop"] = run_tutorial_loop(strategy)
     results["gan"] = run_gan(strategy)
     return results
 

@@ -91,7 +91,9 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
         shuffle=False,
         verbose=0,
         callbacks=[
-            keras_ctl.callbacks.BackupAndRestore(str(backup), delete_checkpoint=False)
+            keras_ctl.callbacks.BackupAndRestore(
+                str(backup), double_checkpoint=True, delete_checkpoint=False
+            )
         ],
     )
     latest = backup / "latest.weights.h5"

@@ -3,19 +3,13 @@
 import csv
 import json
 import os
-import subprocess
-import sys
 
+import children
 import pytest
-
-BIN = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
 
 
 def keras_ctl(*args, timeout=300, env=None):
-    env = dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run(
-        [BIN, *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    return children.run([children.KERAS_CTL, *args], timeout=timeout, env=env)
 
 
 def test_help_lists_the_subcommands():
@@ -83,7 +77,7 @@ def test_train_under_two_launched_workers(tmp_path):
         "--timeout",
         "240",
         "--",
-        BIN,
+        children.KERAS_CTL,
         "train",
         "classifier",
         "--strategy",

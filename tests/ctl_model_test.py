@@ -267,7 +267,7 @@ def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
         results.append((model, history.history, model.evaluate(x, y, verbose=0)))
     if kind == "mirrored":
         # Each replica ran its own XLA-compiled forward and backward pass.
-        assert results[2][0]._ctl_xla_passes[True].experimental_get_tracing_count() >= 1
+        assert results[2][0]._train_pass.tracing_count() >= 1
     base_model, base_history, base_eval = results[0]
     for model, history, evaluation in results[1:]:
         assert_weights_equal(model, base_model)
@@ -385,9 +385,11 @@ class FunctionalStepper(keras_ctl.CTLModel):
 
 
 def test_functional_use_of_a_subclass_keeps_other_subclasses_intact(tmp_path):
+    bases = keras_ctl.CTLModel.__bases__
     model = functional(FunctionalStepper)
     # Keras would have rewritten CTLModel's bases to make it functional.
-    assert keras_ctl.CTLModel.__bases__ == (keras.Model,)
+    assert keras_ctl.CTLModel.__bases__ == bases
+    assert keras.Model in bases
     subclassed = TwoLayer()
     subclassed(np.zeros((1, 4), "float32"))
     assert len(subclassed.weights) == 4

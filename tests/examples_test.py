@@ -2,23 +2,19 @@
 
 import json
 import os
-import subprocess
-import sys
+
+import children
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_example(script, *args, timeout=300):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
+    result = children.run(
+        [children.PYTHON, os.path.join("examples", script), *args],
         timeout=timeout,
-        cwd=ROOT,
+        cwd=children.ROOT,
     )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, children.output(result)
     return result.stdout
 
 
@@ -40,16 +36,10 @@ def test_mirrored_digits_matches_one_device(tmp_path):
 
 
 def test_mirrored_digits_rejects_zero_replicas():
-    result = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "examples", "mirrored_digits.py"),
-            "--replicas",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
+    result = children.run(
+        [children.PYTHON, "examples/mirrored_digits.py", "--replicas", 0],
         timeout=60,
+        cwd=children.ROOT,
     )
     assert result.returncode == 2
     assert "Received: --replicas 0" in result.stderr

@@ -8,10 +8,9 @@ Mirrored runs happen in child processes, one per replica count.
 
 import json
 import os
-import subprocess
-import sys
 
 import cases
+import children
 import keras
 import numpy as np
 import pytest
@@ -26,33 +25,20 @@ CHILD_TIMEOUT_S = 900
 def mirrored_results(tmp_path_factory):
     """Runs one child per replica count, concurrently; returns their results."""
     out = tmp_path_factory.mktemp("replicas")
-    children = {}
-    for replicas in (2, 3, 4):
-        path = out / f"{replicas}.json"
-        children[replicas] = (
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    os.path.join(HERE, "replica_child.py"),
-                    str(replicas),
-                    str(path),
-                ],
-                cwd=HERE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            ),
-            path,
+    running = {
+        replicas: children.start(
+            [children.PYTHON, "replica_child.py", replicas, out / f"{replicas}.json"]
         )
-    results = {}
-    for replicas, (child, path) in children.items():
-        try:
-            output, _ = child.communicate(timeout=CHILD_TIMEOUT_S)
-        finally:
-            child.kill()
-        assert child.returncode == 0, output[-4000:]
-        results[replicas] = json.loads(path.read_text())
-    return results
+        for replicas in (2, 3, 4)
+    }
+    try:
+        finished = {r: children.finish(p, CHILD_TIMEOUT_S) for r, p in running.items()}
+    finally:
+        for process in running.values():
+            children.stop(process)
+    for result in finished.values():
+        assert result.returncode == 0, children.output(result)
+    return {r: json.loads((out / f"{r}.json").read_text()) for r in finished}
 
 
 @pytest.fixture(scope="session")
@@ -107,11 +93,11 @@ def test_mirrored_matches_one_device_keras(replicas, case, mirrored_results, ref
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 4])
-def test_seed_parity_with_tutorial_loop(replicas, mirrored_results, in_process_results):
+def test_parity_with_tutorial_loop(replicas, mirrored_results, in_process_results):
     runs = (
         in_process_results["default"] if replicas == 1 else mirrored_results[replicas]
     )
-    got, expected = runs["seed_ctl"], runs["seed_loop"]
+    got, expected = runs["tutorial_ctl"], runs["tutorial_loop"]
     # The tutorial logs only the loss: the mean of its step losses, which is
     # Keras's example-weighted mean when every global batch is full.
     assert_same_run(

@@ -3,11 +3,10 @@
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import cases
+import children
 import keras
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ NAMES = [
 def worker_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("workers")
     command = [
-        sys.executable,
+        children.PYTHON,
         "-m",
         "keras_ctl.launch",
         "--workers",
@@ -35,20 +34,13 @@ def worker_results(tmp_path_factory):
         "--timeout",
         "400",
         "--",
-        sys.executable,
-        os.path.join(HERE, "multi_worker_child.py"),
-        str(out),
+        children.PYTHON,
+        "multi_worker_child.py",
+        out,
         *NAMES,
     ]
-    result = subprocess.run(
-        command,
-        cwd=HERE,
-        capture_output=True,
-        text=True,
-        timeout=450,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    result = children.run(command, timeout=450)
+    assert result.returncode == 0, children.output(result)
     assert "[worker 0] " in result.stdout or result.stdout == ""
     return [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]
 
@@ -98,22 +90,20 @@ def test_launcher_stops_the_job_when_a_worker_is_killed():
         "time.sleep(600)\n"
     )
     start = time.monotonic()
-    result = subprocess.run(
+    result = children.run(
         [
-            sys.executable,
+            children.PYTHON,
             "-m",
             "keras_ctl.launch",
             "--workers",
-            "2",
+            2,
             "--grace",
-            "2",
+            2,
             "--",
-            sys.executable,
+            children.PYTHON,
             "-c",
             script,
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     elapsed = time.monotonic() - start
@@ -129,20 +119,18 @@ def test_launcher_passes_tf_config_and_succeeds():
         "config = json.loads(os.environ['TF_CONFIG'])\n"
         "print(len(config['cluster']['worker']), config['task'], flush=True)\n"
     )
-    result = subprocess.run(
+    result = children.run(
         [
-            sys.executable,
+            children.PYTHON,
             "-m",
             "keras_ctl.launch",
             "--workers",
-            "3",
+            3,
             "--",
-            sys.executable,
+            children.PYTHON,
             "-c",
             script,
         ],
-        capture_output=True,
-        text=True,
         timeout=60,
     )
     assert result.returncode == 0
@@ -152,10 +140,8 @@ def test_launcher_passes_tf_config_and_succeeds():
 
 
 def test_launcher_rejects_zero_workers():
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_ctl.launch", "--workers", "0", "--", "true"],
-        capture_output=True,
-        text=True,
+    result = children.run(
+        [children.PYTHON, "-m", "keras_ctl.launch", "--workers", 0, "--", "true"],
         timeout=60,
     )
     assert result.returncode == 2

@@ -2,26 +2,21 @@
 
 import json
 import os
-import subprocess
-import sys
 
+import children
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
 
 
 def run_child(config, workers=None):
     """Runs one training process (or a job of `workers`); returns its exit code."""
-    command = [
-        sys.executable,
-        os.path.join(HERE, "resume_child.py"),
-        json.dumps(config),
-    ]
+    command = [children.PYTHON, "resume_child.py", json.dumps(config)]
     if workers:
         command = [
-            sys.executable,
+            children.PYTHON,
             "-m",
             "keras_ctl.launch",
             "--workers",
@@ -30,11 +25,8 @@ def run_child(config, workers=None):
             "5",
             "--",
         ] + command
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        command, cwd=HERE, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    return result.returncode, result.stdout[-3000:] + result.stderr[-3000:]
+    result = children.run(command, timeout=TIMEOUT_S)
+    return result.returncode, children.output(result)
 
 
 def final_weights(path):

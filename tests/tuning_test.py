@@ -3,10 +3,9 @@ step hyperparameters, many trials in one process, distributed search."""
 
 import math
 import os
-import subprocess
-import sys
 
 import cases
+import children
 import keras
 import keras_tuner
 import numpy as np
@@ -40,7 +39,7 @@ class RegularizedStep(keras_ctl.CTLModel):
             penalty = tf.add_n([tf.reduce_sum(w**2) for w in self.trainable_weights])
             loss = (
                 keras_ctl.global_mean(per_example)
-                + reg * penalty / keras_ctl.reduction.num_replicas()
+                + reg * penalty / keras_ctl.num_replicas()
             )
         keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
         self.compute_metrics(x, y, y_pred)
@@ -232,19 +231,19 @@ def test_import_without_keras_tuner_names_the_extra():
         "import sys\n"
         "sys.modules['keras_tuner'] = None  # as if it were not installed\n"
         "import keras_ctl\n"
+        "from keras_ctl import *  # noqa\n"
+        "print('star import:', sorted(n for n in dir() if n[0].isupper()))\n"
         "try:\n"
         "    keras_ctl.CTLHyperModel\n"
         "except ImportError as error:\n"
         "    print('ERROR:', error)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    result = children.run([children.PYTHON, "-c", code], timeout=120)
+    assert "keras-ctl[tune]" in result.stdout, children.output(result)
+    assert (
+        "star import: ['CTLModel', 'ExampleMean', 'GAN', 'ReplicaSum', "
+        "'Synchronized']" in result.stdout
     )
-    assert "keras-ctl[tune]" in result.stdout, result.stderr[-2000:]
 
 
 def test_distributed_search_with_an_oracle_and_two_workers(tmp_path):
@@ -253,33 +252,26 @@ def test_distributed_search_with_an_oracle_and_two_workers(tmp_path):
     port = free_ports(1)[0]
     base = dict(
         os.environ,
-        TF_CPP_MIN_LOG_LEVEL="3",
         KERASTUNER_ORACLE_IP="127.0.0.1",
         KERASTUNER_ORACLE_PORT=str(port),
     )
-    script = os.path.join(HERE, "tune_child.py")
     processes = {
-        tuner_id: subprocess.Popen(
-            [sys.executable, script, str(tmp_path)],
+        tuner_id: children.start(
+            [children.PYTHON, "tune_child.py", tmp_path],
             env=dict(base, KERASTUNER_TUNER_ID=tuner_id),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=HERE,
         )
         for tuner_id in ("chief", "tuner0", "tuner1")
     }
-    outputs = {}
+    results = {}
     try:
         for tuner_id in ("tuner0", "tuner1", "chief"):
-            outputs[tuner_id], _ = processes[tuner_id].communicate(timeout=240)
+            results[tuner_id] = children.finish(processes[tuner_id], 240)
     finally:
         for process in processes.values():
-            process.kill()
-    for tuner_id, process in processes.items():
-        assert process.returncode == 0, (
-            f"{tuner_id}:\n{outputs.get(tuner_id, '')[-3000:]}"
-        )
+            children.stop(process)
+    for tuner_id, result in results.items():
+        assert result.returncode == 0, f"{tuner_id}:\n{children.output(result)}"
+    outputs = {tuner_id: result.stdout for tuner_id, result in results.items()}
     trials = [
         line
         for tuner_id in ("tuner0", "tuner1")

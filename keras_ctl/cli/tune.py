@@ -2,25 +2,25 @@
 
 import pathlib
 
-from keras_ctl import cli
+from keras_ctl.cli import common
 
 
 def run(args):
-    strategy = cli.make_strategy("mirrored", args.replicas)  # before TF starts
+    strategy = common.make_strategy("mirrored", args.replicas)  # first
     import keras
     import keras_tuner
     import numpy as np
 
-    import keras_ctl
     from keras_ctl import tuning
-    from keras_ctl import zoo
+    from keras_ctl.demos import models
+    from keras_ctl.demos.tuning import GANHyperModel
 
-    (x_train, y_train), (x_test, y_test) = cli.load_data(args.dataset)
+    (x_train, y_train), (x_test, y_test) = common.load_data(args.dataset)
     shape = x_train.shape[1:]
 
-    class Classifier(keras_ctl.CTLHyperModel):
+    class Classifier(tuning.CTLHyperModel):
         def build(self, hp):
-            model = zoo.tutorial_cnn(shape)
+            model = models.tutorial_cnn(shape)
             rate = hp.Float("learning_rate", 1e-4, 1e-2, sampling="log")
             model.compile(
                 optimizer=keras.optimizers.Adam(rate),
@@ -31,7 +31,7 @@ def run(args):
 
     out = pathlib.Path(args.out)
     if args.task == "gan":
-        hypermodel = tuning.GANHyperModel(shape, batch_sizes_per_replica=[16, 32])
+        hypermodel = GANHyperModel(shape, batch_sizes_per_replica=[16, 32])
         objective = "g_loss"
         fit_args = ([np.concatenate([x_train, x_test])], {})
     else:
@@ -42,7 +42,7 @@ def run(args):
         fit_args = ([x_train, y_train], {"validation_data": (x_test, y_test)})
     tuner = keras_tuner.RandomSearch(
         hypermodel,
-        objective=keras_ctl.tuning.objective(objective),
+        objective=tuning.objective(objective),
         max_trials=args.trials,
         distribution_strategy=strategy,
         directory=str(out),
@@ -61,7 +61,7 @@ def run(args):
         f"best trial {best.trial_id}: {objective}={best.score:.4f} "
         f"{best.hyperparameters.values}"
     )
-    cli.write_json(
+    common.write_json(
         out / "best_trial.json",
         {
             "trial_id": best.trial_id,

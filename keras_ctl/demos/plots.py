@@ -1,7 +1,7 @@
 """PNG files: learning curves and grids of generated images (matplotlib)."""
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError as error:
@@ -17,7 +17,7 @@ def _pyplot():
 
 def learning_curves(history, path):
     """Writes one panel per logged value (with its `val_` twin) to `path`."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [name for name in history if not name.startswith("val_")]
     figure, axes = plt.subplots(
         1, len(names), figsize=(4 * len(names), 3), squeeze=False
@@ -37,7 +37,7 @@ def learning_curves(history, path):
 
 def image_grid(images, path, title=""):
     """Writes up to 16 images `(n, h, w, channels)` in [0, 1] as a 4x4 grid."""
-    plt = _pyplot()
+    plt = pyplot()
     figure, axes = plt.subplots(4, 4, figsize=(4, 4))
     for axis in axes.flat:
         axis.axis("off")
@@ -59,31 +59,3 @@ def image_grid_callback(folder, latents):
             image_grid(images.astype("float32"), folder / name, f"epoch {epoch + 1}")
 
     return ImageGrid()
-
-
-def speed_ratios(rows, path):
-    """Bar chart of `keras_ctl.bench` rows: CTLModel / keras and / hand loop."""
-    plt = _pyplot()
-    labels = [
-        f"{row['model']} {row['replicas']}r\nspe {row['spe']}"
-        f"{' xla' if row['xla'] else ''}"
-        for row in rows
-    ]
-    positions = range(len(rows))
-    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.5))
-    for offset, key, label in (
-        (-0.2, "ctl/keras", "CTLModel.fit / keras.Model.fit"),
-        (0.2, "ctl/loop", "CTLModel.fit / hand loop"),
-    ):
-        values = [row[key] or 0.0 for row in rows]
-        axis.bar([p + offset for p in positions], values, width=0.4, label=label)
-    for position, row in zip(positions, rows):
-        if row["ctl/keras"] is None:  # keras.Model.fit failed there
-            axis.text(position - 0.2, 0.05, "keras fails", rotation=90, fontsize=6)
-    axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_xticks(list(positions), labels, fontsize=7)
-    axis.set_ylabel("steps/s ratio (median)")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)

@@ -1,4 +1,5 @@
-"""The TensorFlow tutorial's hand-written distributed loop (seeds 000/001)."""
+"""The hand-written loop of the TensorFlow tutorial "Custom training with
+tf.distribute.Strategy"."""
 
 import keras
 import tensorflow as tf

@@ -7,17 +7,14 @@ backup in `backup/` while training (kept if the run is interrupted, so that
 `--resume` continues it).
 """
 
-import csv
-import json
-import os
 import pathlib
 import shutil
 
-from keras_ctl import cli
+from keras_ctl.cli import common
 
 
 def run(args):
-    strategy = cli.make_strategy(args.strategy, args.replicas)  # before TF starts
+    strategy = common.make_strategy(args.strategy, args.replicas)  # first
     import keras
     import tensorflow as tf
 
@@ -26,20 +23,15 @@ def run(args):
     if args.mixed_precision:
         gpu = bool(tf.config.list_physical_devices("GPU"))
         keras.config.set_dtype_policy("mixed_float16" if gpu else "mixed_bfloat16")
-    data = cli.load_data(args.dataset)
-    out = pathlib.Path(args.out)
-    if not strategies.is_chief(strategy):
-        # Other workers write to a temporary folder (TF multi-worker convention).
-        out = out / f"workertemp_{_task_index()}"
+    data = common.load_data(args.dataset)
+    # Other workers write to a temporary folder (TF multi-worker convention).
+    out = pathlib.Path(strategies.write_path(args.out, strategy))
     out.mkdir(parents=True, exist_ok=True)
     trainer = {"classifier": _classifier, "gan": _gan, "multihead": _multihead}[
         args.task
     ]
     history, saved, final = trainer(args, strategy, data, out)
-    _write_history(history, out)
-    from keras_ctl import plots
-
-    plots.learning_curves(history, out / "learning_curves.png")
+    history.learning_curves()
     if not strategies.is_chief(strategy):
         shutil.rmtree(out, ignore_errors=True)
         return 0
@@ -58,38 +50,40 @@ def run(args):
     return 0
 
 
-def _callbacks(out, name="backup"):
+def _callbacks(out, history, name="backup"):
     import keras
 
     from keras_ctl import callbacks
 
     return [
-        callbacks.BackupAndRestore(str(out / name)),
+        callbacks.BackupAndRestore(str(out / name), double_checkpoint=True),
         keras.callbacks.TensorBoard(str(out / "logs")),
+        history,
     ]
 
 
 def _classifier(args, strategy, data, out):
     import keras
 
-    from keras_ctl import zoo
+    from keras_ctl.demos import models
 
     (x_train, y_train), (x_test, y_test) = data
     with strategy.scope():
-        model = zoo.tutorial_cnn(x_train.shape[1:])
+        model = models.tutorial_cnn(x_train.shape[1:])
         model.compile(
             optimizer=keras.optimizers.Adam(1e-3),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    history = model.fit(
+    history = common.HistoryFiles(out)
+    model.fit(
         x_train,
         y_train,
         batch_size=args.batch_size * strategy.num_replicas_in_sync,
         epochs=args.epochs,
         validation_data=(x_test, y_test),
-        callbacks=_callbacks(out),
-    ).history
+        callbacks=_callbacks(out, history),
+    )
     model.save(out / "model.keras")
     final = model.evaluate(x_test, y_test, verbose=0, return_dict=True)
     return history, "model.keras", {f"test_{k}": v for k, v in final.items()}
@@ -98,30 +92,31 @@ def _classifier(args, strategy, data, out):
 def _gan(args, strategy, data, out):
     import numpy as np
 
-    from keras_ctl import plots
-    from keras_ctl import zoo
+    from keras_ctl.demos import models
+    from keras_ctl.demos import plots
 
     (x_train, _), (x_test, _) = data
     images = np.concatenate([x_train, x_test])
     with strategy.scope():
-        gan = zoo.gan(images.shape[1:], latent_dim=32, seed=0)
+        gan = models.gan(images.shape[1:], latent_dim=32, seed=0)
     latents = np.random.default_rng(0).normal(size=(16, 32)).astype("float32")
-    history = gan.fit(
+    history = common.HistoryFiles(out)
+    gan.fit(
         images,
         batch_size=args.batch_size * strategy.num_replicas_in_sync,
         epochs=args.epochs,
-        callbacks=_callbacks(out) + [plots.image_grid_callback(out, latents)],
-    ).history
+        callbacks=_callbacks(out, history) + [plots.image_grid_callback(out, latents)],
+    )
     gan.save(out / "gan.keras")
-    return history, "gan.keras", {k: v[-1] for k, v in history.items()}
+    return history, "gan.keras", {k: v[-1] for k, v in history.history.items()}
 
 
 def _multihead(args, strategy, data, out):
-    """Seed 004: trunk + class head (variable groups), then a parity head on
-    the frozen trunk; the trunk is saved alone."""
+    """A trunk + class head (variable groups), then a parity head on the
+    frozen trunk; the trunk is saved alone."""
     import keras
 
-    from keras_ctl import zoo
+    from keras_ctl.demos import models as zoo
 
     (x_train, y_train), (x_test, y_test) = data
     batch = args.batch_size * strategy.num_replicas_in_sync
@@ -129,25 +124,24 @@ def _multihead(args, strategy, data, out):
         trunk = zoo.trunk(x_train.shape[1:])
         inputs = keras.Input(x_train.shape[1:])
         classes = zoo.class_head_model(trunk, inputs)
-    first = classes.fit(
+    classes.fit(
         x_train,
         y_train,
         batch_size=batch,
         epochs=args.epochs,
-        callbacks=_callbacks(out, "backup_classes"),
-    ).history
+        callbacks=_callbacks(out, common.HistoryFiles(out, "class_"), "backup_classes"),
+    )
     with strategy.scope():
         parity = zoo.parity_head_model(trunk, inputs)
-    second = parity.fit(
+    history = common.HistoryFiles(out, "parity_")
+    parity.fit(
         x_train,
         (y_train % 2).astype("float32"),
         batch_size=batch,
         epochs=args.epochs,
-        callbacks=_callbacks(out, "backup_parity"),
-    ).history
+        callbacks=_callbacks(out, history, "backup_parity"),
+    )
     trunk.save(out / "trunk.keras")
-    history = {f"class_{k}": v for k, v in first.items()}
-    history.update({f"parity_{k}": v for k, v in second.items()})
     final = {
         "test_class_accuracy": classes.evaluate(
             x_test, y_test, verbose=0, return_dict=True
@@ -157,17 +151,3 @@ def _multihead(args, strategy, data, out):
         )["accuracy"],
     }
     return history, "trunk.keras", final
-
-
-def _write_history(history, out):
-    history = {k: [float(v) for v in values] for k, values in history.items()}
-    (out / "history.json").write_text(json.dumps(history, indent=2))
-    with open(out / "history.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["epoch", *history])
-        for epoch, row in enumerate(zip(*history.values()), start=1):
-            writer.writerow([epoch, *row])
-
-
-def _task_index():
-    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0)

@@ -12,10 +12,11 @@ from typing import NamedTuple
 import tensorflow as tf
 from keras import ops
 from keras import tree
-from keras.src.backend import get_keras_mask
-from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 
-from keras_ctl import reduction
+from keras_ctl import _keras
+from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import divide_by_global_counts
+from keras_ctl._engine.replicas import num_replicas
 
 
 class LossShares(NamedTuple):
@@ -59,7 +60,7 @@ def compiled_loss_shares(
     """Returns the `LossShares` of the compiled loss on this replica.
 
     Args:
-        compile_loss: The model's `CompileLoss` (`model._compile_loss`).
+        compile_loss: The model's `CompileLoss` (`_keras.compile_loss`).
         y: Labels (any nest matching the outputs).
         y_pred: Model outputs.
         sample_weight: Optional sample weights (a tensor or a nest).
@@ -68,15 +69,15 @@ def compiled_loss_shares(
         global_batch_size: The all-reduced batch size when the caller already
             has it (a step compiled with XLA cannot run collectives). Then
             every denominator must be a fixed count per example. Defaults to
-            `None`: denominators are all-reduced here.
+            `None`: denominators are all-reduced here, in one collective.
 
     Raises:
         NeedsCountAllReduce: if `global_batch_size` is given but a
             denominator depends on masks or sample-weight sums.
     """
     y, y_pred = _align_structures(compile_loss, y, y_pred)
-    terms, names = [], []
-    for path, loss_fn, _, name in compile_loss._flat_losses:
+    terms, names, loss_weights = [], [], []
+    for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
         weight = sample_weight
         if sample_weight is not None and tree.is_nested(sample_weight):
             weight = _resolve(path, sample_weight)
@@ -84,40 +85,37 @@ def compiled_loss_shares(
             _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
         )
         names.append(name)
+        loss_weights.append(loss_weight)
     local_batch = tf.cast(batch_size, tf.float32)
-    divided = [term for term in terms if term.count is not None]
-    # One replica: its counts are the global ones, and it is never padded.
-    one_replica = global_batch_size is None and reduction.num_replicas() == 1
-    # A replica padded with a placeholder example contributes nothing.
-    has_examples = None if one_replica else tf.cast(batch_size > 0, tf.float32)
-    if one_replica:
-        global_counts = [t.count for t in divided] + [local_batch]
-    elif global_batch_size is None:
-        local = tf.stack([t.count for t in divided] + [local_batch]) * has_examples
-        # One all-reduce per step for every denominator and the batch size.
-        global_counts = tf.unstack(reduction.all_reduce_sum(tf.stop_gradient(local)))
+    sums = [term.loss_sum for term in terms]
+    if global_batch_size is None:
+        # A replica padded with a placeholder example contributes nothing.
+        has_examples = None
+        if num_replicas() > 1:
+            has_examples = tf.cast(batch_size > 0, tf.float32)
+        counts = [term.count for term in terms] + [local_batch]
+        shares, global_counts = divide_by_global_counts(sums, counts, has_examples)
+        global_batch = global_counts[-1]
     else:
-        if any(term.per_example is None for term in divided):
+        if any(t.count is not None and t.per_example is None for t in terms):
             raise NeedsCountAllReduce()
-        global_counts = [t.per_example * global_batch_size for t in divided]
-        global_counts.append(global_batch_size)
-    counts = iter(global_counts[:-1])
-    shares = []
-    for term in terms:
-        loss_sum = term.loss_sum
-        if has_examples is not None:
-            loss_sum *= has_examples
-        if term.count is None:
-            shares.append(loss_sum)
-        else:
-            shares.append(tf.math.divide_no_nan(loss_sum, next(counts)))
+        has_examples = tf.cast(batch_size > 0, tf.float32)
+        shares = [
+            value * has_examples
+            if term.count is None
+            else tf.math.divide_no_nan(
+                value * has_examples, term.per_example * global_batch_size
+            )
+            for value, term in zip(sums, terms)
+        ]
+        global_batch = global_batch_size
     total = tf.zeros((), tf.float32)
-    for share, (_, _, loss_weight, _) in zip(shares, compile_loss._flat_losses):
+    for share, loss_weight in zip(shares, loss_weights):
         total += share if loss_weight is None else share * loss_weight
     return LossShares(
         total=total,
         per_output=list(zip(names, shares)),
-        global_batch_size=global_counts[-1],
+        global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
 
@@ -125,8 +123,7 @@ def compiled_loss_shares(
 def count_only_shares(batch_size):
     """Returns `LossShares` with only the batch sizes (no compiled loss)."""
     local = tf.cast(batch_size, tf.float32)
-    global_batch_size = reduction.all_reduce_sum(local)
-    return LossShares(tf.zeros((), tf.float32), [], global_batch_size, local)
+    return LossShares(tf.zeros((), tf.float32), [], all_reduce_sum(local), local)
 
 
 def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
@@ -136,7 +133,7 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
     3.15) but keeps numerator and denominator apart, so the division can use
     global counts.
     """
-    in_mask = get_keras_mask(y_pred)
+    in_mask = _keras.mask_of(y_pred)
     dtype = loss_fn.dtype
     y_pred = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_pred)
     y_true = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_true)
@@ -149,7 +146,7 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
             f"shape {_shapes(y_pred)} and loss={loss_fn!r}. Check that `y` "
             "has the shape the loss expects for this output."
         ) from error
-    out_mask = get_keras_mask(values)
+    out_mask = _keras.mask_of(values)
     values = tf.cast(values, tf.float32)
     if values.shape.rank == 0:
         raise ValueError(
@@ -176,12 +173,12 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
         if weights is None:
             weights = sample_weight
         else:
-            weights, sample_weight = squeeze_or_expand_to_same_rank(
+            weights, sample_weight = _keras.squeeze_or_expand_to_same_rank(
                 weights, sample_weight
             )
             weights = weights * sample_weight
     if weights is not None:
-        values, weights = squeeze_or_expand_to_same_rank(values, weights)
+        values, weights = _keras.squeeze_or_expand_to_same_rank(values, weights)
         values = values * weights
     loss_sum = tf.reduce_sum(values)
     if reduction_name in (None, "none", "sum"):
@@ -218,21 +215,7 @@ def _align_structures(compile_loss, y_true, y_pred):
             tree.assert_same_structure(y_pred, y_true)
         except (ValueError, TypeError):
             y_true = _pack_like(compile_loss, y_true, y_pred)
-    if not compile_loss.built:
-        compile_loss.build(y_true, y_pred)
-    try:
-        tree.assert_same_structure(compile_loss._y_pred_build_structure, y_pred)
-    except (ValueError, TypeError):
-        y_pred = tree.pack_sequence_as(
-            compile_loss._y_pred_build_structure, tree.flatten(y_pred)
-        )
-    try:
-        tree.assert_same_structure(compile_loss._y_true_build_structure, y_true)
-    except (ValueError, TypeError):
-        y_true = tree.pack_sequence_as(
-            compile_loss._y_true_build_structure, tree.flatten(y_true)
-        )
-    return y_true, y_pred
+    return _keras.pack_like_compile_loss(compile_loss, y_true, y_pred)
 
 
 def _pack_like(compile_loss, y_true, y_pred):

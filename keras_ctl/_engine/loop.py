@@ -1,27 +1,38 @@
-"""The step engine: `strategy.run`, the `steps_per_execution` loop, and one
-exact cross-replica reduction of everything a step logs.
+"""The train, test and predict functions: `strategy.run`, the
+`steps_per_execution` loop, and one exact reduction of what a step logs.
+
+The loop, for each call of the train (or test) function by `fit()`:
+
+    resume plan?  skip the batches a killed run trained on, or end the epoch
+    repeat up to steps_per_execution times, while the data lasts:
+        outputs = strategy.run(step, next batch)     # on every replica
+        logs = reduce_step_outputs(outputs)          # once, across replicas
+    return the last logs
+
+Running out of data is handled in one place: `get_next_as_optional` inside
+the loop (Keras's epoch iterator ends the epoch for the first batch).
 
 Keras 3.15 reduces every logged value with a mean over replicas (on
 per-replica metric results, a mean of means) and, under
 `MultiWorkerMirroredStrategy`, calls `strategy.reduce("MEAN", scalar,
-axis=0)`, which fails. Here metric results are read from the metrics'
-on-read variables in cross-replica context (their sums over replicas, so the
-exact global value) and every other output follows its `reduction` type.
+axis=0)`, which fails. Here every output follows
+`keras_ctl.outputs.reduce_step_outputs`.
 """
 
 import tensorflow as tf
 from keras import tree
 
-from keras_ctl import reduction
+from keras_ctl import outputs as outputs_module
 
 
-def make_step_function(model, step):
+def make_step_function(model, step, plan):
     """Returns `function(iterator) -> logs` running `step` under a strategy.
 
-    Runs `model.steps_per_execution` steps per call (fewer at the end of the
+    Runs `plan.steps_per_execution` steps per call (fewer at the end of the
     data) and returns the logs of the last one.
     """
     strategy = model.distribute_strategy
+    read_metrics = _metric_reader(model, strategy)
 
     def replica_step(data):
         return step(_optionals_to_none(data))
@@ -29,14 +40,12 @@ def make_step_function(model, step):
     @tf.autograph.experimental.do_not_convert
     def one_step(data):
         outputs = strategy.run(replica_step, args=(data,))
-        return _reduce_logs(model, outputs, strategy)
+        return outputs_module.reduce_step_outputs(outputs, strategy, read_metrics)
 
-    if model.jit_compile and strategy.num_replicas_in_sync == 1:
-        # XLA cannot place a multi-device `strategy.run`; with one replica it
-        # compiles the whole step.
+    if plan.xla == "whole_step":
         one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
 
-    steps = model.steps_per_execution
+    steps = plan.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
     def multi_step(iterator):
@@ -64,11 +73,16 @@ def make_step_function(model, step):
         )
         return logs
 
-    if not model.run_eagerly:
+    if not plan.run_eagerly:
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
 
     def function(iterator):
-        _resume_mid_epoch(model, iterator, steps)
+        resume = model._resume_plan
+        if resume is not None:
+            if resume.finished:
+                model._resume_plan = None
+            else:
+                resume.before_call(iterator, steps)
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             return multi_step(iterator)
         # `train_on_batch` and friends pass a plain Python iterator.
@@ -102,29 +116,6 @@ class _ConcreteDispatch:
         outputs = self.function(iterator)
         self.concrete[spec] = self.function.get_concrete_function(iterator)
         return outputs
-
-
-def _resume_mid_epoch(model, iterator, steps):
-    """Skips the batches a killed run trained on, set by `BackupAndRestore`.
-
-    `model._ctl_resume` is `{"skip": batches trained, "left": batches left
-    in the epoch or None}`. Keras still calls the train function once per
-    batch of the whole epoch, so the calls past the data end the epoch here,
-    before a step runs: a step that runs out of data mid-way may already
-    have advanced stateful ops such as random generators.
-    """
-    resume = model.__dict__.get("_ctl_resume")
-    if not resume:
-        return
-    for _ in range(resume.pop("skip", 0)):
-        next(iterator)
-    if resume["left"] is None:
-        model.__dict__.pop("_ctl_resume")
-        return
-    if resume["left"] <= 0:
-        model.__dict__.pop("_ctl_resume")
-        raise StopIteration
-    resume["left"] -= steps
 
 
 def make_predict_function(model):
@@ -172,35 +163,27 @@ def _gather_batch(value, strategy):
     return strategy.gather(value, axis=0)
 
 
-def _reduce_logs(model, outputs, strategy):
-    """Reduces step outputs; metric results are re-read across replicas."""
-    if strategy.num_replicas_in_sync == 1 or not isinstance(outputs, dict):
-        return reduction.reduce_step_outputs(outputs, strategy)
-    exact = {}
-    untyped = [name for name, value in outputs.items() if _is_untyped(value)]
-    if untyped:
-        # On-read metric variables sum over replicas when read here. A step
-        # may return a metric by its own name (`compile_metrics` gives a
-        # dict) or by the names `get_metrics_result()` flattens it to.
+def _metric_reader(model, strategy):
+    """`read_metrics(names)` for `reduce_step_outputs`: the exact results of
+    the model metrics among `names`, by a metric's name or by a name
+    `get_metrics_result()` flattens it to (`compile_metrics` is one metric
+    holding several results)."""
+
+    def read_metrics(names):
+        exact = {}
         with strategy.scope():
-            by_metric = {m.name: m for m in model.metrics}
+            by_name = {metric.name: metric for metric in model.metrics}
             flat = None
-            for name in untyped:
-                if name in by_metric:
-                    exact[name] = by_metric[name].result()
-                else:
-                    flat = model.get_metrics_result() if flat is None else flat
-                    if name in flat:
-                        exact[name] = flat[name]
-    rest = {name: value for name, value in outputs.items() if name not in exact}
-    logs = reduction.reduce_step_outputs(rest, strategy)
-    return {name: exact[name] if name in exact else logs[name] for name in outputs}
+            for name in names:
+                if name in by_name:
+                    exact[name] = by_name[name].result()
+                    continue
+                flat = model.get_metrics_result() if flat is None else flat
+                if name in flat:
+                    exact[name] = flat[name]
+        return exact
 
-
-def _is_untyped(value):
-    return not isinstance(
-        value, (reduction.ReplicaSum, reduction.ExampleMean, reduction.Synchronized)
-    )
+    return read_metrics
 
 
 def _optionals_to_none(data):

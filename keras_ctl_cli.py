@@ -1,15 +1,21 @@
-"""The `keras-ctl` command: train, tune, launch, bench.
+"""The `keras-ctl` command: its arguments, checked before TensorFlow starts.
 
 keras-ctl train classifier --strategy mirrored --replicas 2 --epochs 3
 keras-ctl train gan --epochs 30
 keras-ctl tune gan --trials 4
 keras-ctl launch --workers 2 -- keras-ctl train classifier --strategy multiworker
 keras-ctl bench
+
+This module stands beside the `keras_ctl` package, not in it: importing
+`keras_ctl` imports Keras and TensorFlow (it registers its classes with
+Keras, so that `keras.models.load_model` finds them), which takes seconds
+and prints TensorFlow's log lines. Here, `keras-ctl --help` and a bad flag
+answer at once; the commands themselves live in `keras_ctl.cli` and are
+imported only when one runs.
 """
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import sys
@@ -100,26 +106,29 @@ def main(argv=None):
         return launch.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "bench":
-        from keras_ctl import bench
-
-        return bench.run(args, parser.error)
     _validate(parser, args)
+    if args.command == "bench":
+        from keras_ctl.cli import bench
+
+        return bench.run(args)
     if args.command == "train":
-        from keras_ctl import cli_train
+        from keras_ctl.cli import train
 
-        return cli_train.run(args)
-    from keras_ctl import cli_tune
+        return train.run(args)
+    from keras_ctl.cli import tune
 
-    return cli_tune.run(args)
+    return tune.run(args)
 
 
 def _validate(parser, args):
-    for flag in ("replicas", "epochs", "batch_size", "trials"):
+    for flag in ("replicas", "epochs", "batch_size", "trials", "rounds", "steps"):
         value = getattr(args, flag, 1)
-        if value < 1:
+        if isinstance(value, int) and value < 1:
             name = "--" + flag.replace("_", "-")
             parser.error(f"{name} must be >= 1. Received: {name} {value}")
+    if args.command == "bench":
+        args.out = _output_folder(parser, args.out or _new_run_dir(args))
+        return
     strategy = getattr(args, "strategy", "mirrored")
     if strategy == "multiworker" and not os.environ.get("TF_CONFIG"):
         parser.error(
@@ -132,7 +141,7 @@ def _validate(parser, args):
             f"--strategy {strategy} has one replica. Received: --replicas "
             f"{args.replicas}. Use --strategy mirrored for several replicas."
         )
-    run_dir = args.out or _new_run_dir(args)
+    run_dir = _output_folder(parser, args.out or _new_run_dir(args))
     interrupted = pathlib.Path(run_dir).is_dir() and any(
         path.name.startswith("backup") for path in pathlib.Path(run_dir).iterdir()
     )
@@ -150,40 +159,23 @@ def _validate(parser, args):
     args.out = run_dir
 
 
+def _output_folder(parser, path):
+    """`path` when it is a folder or can become one; else a usage error."""
+    blocker = pathlib.Path(path)
+    while not blocker.exists() and blocker != blocker.parent:
+        blocker = blocker.parent
+    if blocker.exists() and not blocker.is_dir():
+        parser.error(
+            f"--out must be a folder. Received: --out {path}, but {blocker} is "
+            "a file. Choose another --out."
+        )
+    return str(path)
+
+
 def _new_run_dir(args):
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{args.command}-{args.task}-{stamp}")
-
-
-def make_strategy(name, replicas):
-    """The strategy `--strategy name --replicas replicas` asks for."""
-    import tensorflow as tf
-
-    from keras_ctl import strategies
-
-    if name == "multiworker":
-        return strategies.multi_worker_strategy()
-    if name == "mirrored":
-        return strategies.local_mirrored_strategy(replicas)
-    if name == "onedevice":
-        gpus = tf.config.list_physical_devices("GPU")
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    return tf.distribute.get_strategy()
-
-
-def load_data(name):
-    """Loads `--dataset name`; exits with a clear message when offline."""
-    from keras_ctl import datasets
-
-    try:
-        return datasets.load(name)
-    except RuntimeError as error:
-        print(f"keras-ctl: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from error
-
-
-def write_json(path, value):
-    path.write_text(json.dumps(value, indent=2))
+    name = "-".join(filter(None, (args.command, getattr(args, "task", None), stamp)))
+    return os.path.join("runs", name)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 import keras
 
-from keras_ctl.ctl_model import CTLModel
 from keras_ctl.gan import GAN
+from keras_ctl.model import CTLModel
 
 
 def tutorial_cnn(input_shape, num_classes=10, model_class=CTLModel):
@@ -68,7 +68,7 @@ def gan(image_shape, latent_dim=32, **gan_kwargs):
 
 
 def trunk(input_shape):
-    """A small convolutional trunk shared by several heads (seed 004)."""
+    """A small convolutional trunk shared by several heads."""
     return keras.Sequential(
         [
             keras.Input(input_shape),

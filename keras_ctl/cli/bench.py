@@ -6,8 +6,9 @@ replicas (`MirroredStrategy`; logical CPU devices when there are no GPUs),
 `steps_per_execution` 1 and 32, XLA off and on:
 
 - `CTLModel.fit` and `keras.Model.fit` with an accuracy metric;
-- the hand-written `@tf.function` loop: the Keras guide's (seed 002) on one
-  replica, the TensorFlow tutorial's `strategy.run` loop (seed 000) on two.
+- the hand-written `@tf.function` loop: the Keras guide's ("Writing a
+  training loop from scratch") on one replica, the TensorFlow tutorial's
+  `strategy.run` loop ("Custom training with tf.distribute.Strategy") on two.
   It has no `steps_per_execution`; with XLA it compiles the forward and
   backward pass (the optimizer's cross-replica update cannot be compiled).
 
@@ -26,8 +27,6 @@ Usage:
                     [--steps 50] [--out DIR]
 """
 
-import argparse
-import datetime
 import os
 import pathlib
 import platform
@@ -38,10 +37,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_ctl import optimization
-from keras_ctl import reduction
+from keras_ctl import blocks
 from keras_ctl import strategies
-from keras_ctl.ctl_model import CTLModel
+from keras_ctl.demos import plots
+from keras_ctl.model import CTLModel
+from keras_ctl.outputs import ReplicaSum
 
 BATCH = 64
 
@@ -71,7 +71,7 @@ class ExactCount(CTLModel):
     """Divides the loss by the all-reduced global count (exact)."""
 
     def mean_loss(self, per_example):
-        return reduction.global_mean(per_example)
+        return blocks.global_mean(per_example)
 
     def train_step(self, data):
         x, y = data
@@ -80,8 +80,8 @@ class ExactCount(CTLModel):
                 y, self(x, training=True), from_logits=True
             )
             loss = self.mean_loss(per_example)
-        optimization.minimize(loss, self.trainable_weights, self.optimizer, tape)
-        return {"step_loss": reduction.ReplicaSum(loss)}
+        blocks.minimize(loss, self.trainable_weights, self.optimizer, tape)
+        return {"step_loss": ReplicaSum(loss)}
 
 
 class FixedBatch(ExactCount):
@@ -290,21 +290,12 @@ def write_report(args, fit_rows, all_reduce_rows):
         f"{BATCH}, {args.steps} steps per epoch, {args.rounds} interleaved rounds."
     )
     (out / "benchmark.md").write_text("\n".join(parts) + "\n")
-    from keras_ctl import plots
-
-    plots.speed_ratios(fit_rows, out / "benchmark.png")
+    speed_ratios(fit_rows, out / "benchmark.png")
     return out
 
 
-def run(args, error):
-    """Runs the benchmark for parsed `args`; `error(message)` exits."""
-    if args.rounds < 1 or args.steps < 1:
-        error(
-            "--rounds and --steps must be >= 1. Received: "
-            f"--rounds {args.rounds} --steps {args.steps}"
-        )
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    args.out = args.out or os.path.join("runs", f"bench-{stamp}")
+def run(args):
+    """Runs the benchmark for `args` parsed and checked by `keras-ctl bench`."""
     # The 2-replica strategy splits the CPU, so it comes before any op runs.
     strategy_for = {1: tf.distribute.get_strategy()}
     if 2 in args.replicas:
@@ -320,13 +311,29 @@ def run(args, error):
     return 0
 
 
-def main(argv=None):
-    from keras_ctl import cli
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    cli.add_bench_arguments(parser)
-    return run(parser.parse_args(argv), parser.error)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def speed_ratios(rows, path):
+    """Bar chart of the fit rows: CTLModel / keras and CTLModel / hand loop."""
+    plt = plots.pyplot()
+    labels = [
+        f"{row['model']} {row['replicas']}r\nspe {row['spe']}"
+        f"{' xla' if row['xla'] else ''}"
+        for row in rows
+    ]
+    positions = range(len(rows))
+    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.5))
+    for offset, key, label in (
+        (-0.2, "ctl/keras", "CTLModel.fit / keras.Model.fit"),
+        (0.2, "ctl/loop", "CTLModel.fit / hand loop"),
+    ):
+        values = [row[key] or 0.0 for row in rows]
+        axis.bar([p + offset for p in positions], values, width=0.4, label=label)
+    for position, row in zip(positions, rows):
+        if row["ctl/keras"] is None:  # keras.Model.fit failed there
+            axis.text(position - 0.2, 0.05, "keras fails", rotation=90, fontsize=6)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_xticks(list(positions), labels, fontsize=7)
+    axis.set_ylabel("steps/s ratio (median)")
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)

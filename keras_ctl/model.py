@@ -3,19 +3,17 @@
 import keras
 import tensorflow as tf
 from keras import tree
-from keras.src.models.functional import Functional
-from keras.src.models.model import functional_init_arguments
-from keras.src.saving import object_registration
 
-from keras_ctl import compiled_loss
-from keras_ctl import optimization
-from keras_ctl import reduction
-from keras_ctl import step_function
-from keras_ctl import xla_step
+from keras_ctl import _keras
+from keras_ctl import blocks
+from keras_ctl._engine import forward
+from keras_ctl._engine import loop
+from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl._engine.plan import StepPlan
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
-class CTLModel(keras.Model):
+class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     """A `keras.Model` whose training is exact under any `tf.distribute` strategy.
 
     Use it where you would use `keras.Model`, functionally
@@ -61,12 +59,20 @@ class CTLModel(keras.Model):
     ```
     """
 
+    # Set by `keras_ctl.callbacks.BackupAndRestore` to resume mid-epoch.
+    _resume_plan = None
+    # Each replica's XLA-compiled pass, when the step plan uses one.
+    _train_pass = None
+    _test_pass = None
+
     def __new__(cls, *args, **kwargs):
         # Keras 3.15 makes a `Model` subclass functional by rewriting the
         # `__bases__` of its whole hierarchy for good: after one
         # `MyStep(inputs, outputs)`, every subclassed CTLModel (GAN too)
         # would become functional. A functional variant of `cls` avoids it.
-        if functional_init_arguments(args, kwargs) and not issubclass(cls, Functional):
+        if _keras.functional_init_arguments(args, kwargs) and not issubclass(
+            cls, _keras.Functional
+        ):
             cls = _functional_variant(cls)
         return super().__new__(cls)
 
@@ -105,7 +111,7 @@ class CTLModel(keras.Model):
                 "Expected `model` to be a `keras.Model`. "
                 f"Received: model={model!r} of type {type(model).__name__}."
             )
-        if isinstance(model, (keras.Sequential, Functional)):
+        if isinstance(model, (keras.Sequential, _keras.Functional)):
             try:
                 inputs, outputs = model.inputs, model.outputs
             except (AttributeError, ValueError):
@@ -122,8 +128,39 @@ class CTLModel(keras.Model):
         model.predict_function = None
         return model
 
+    def optimizers_and_variables(self):
+        """Lists each optimizer with the variables it updates.
+
+        The step engine builds these optimizers before the first step, and
+        `keras_ctl.callbacks.BackupAndRestore` before it restores a backup.
+        Override it when a model trains with several optimizers
+        (`keras_ctl.GAN` does).
+
+        Returns:
+            A list of `(optimizer, variables)` pairs.
+        """
+        return [(self.optimizer, self.trainable_variables)]
+
+    def build_optimizers(self):
+        """Creates every optimizer's variables now, in the strategy's scope.
+
+        Keras optimizers create their variables on first use, which fails
+        inside a distributed `tf.function`, and a backup can only load into
+        variables that exist.
+        """
+        for optimizer, variables in self.optimizers_and_variables():
+            variables = list(variables)
+            if optimizer is not None and not optimizer.built and variables:
+                with self.distribute_strategy.scope():
+                    optimizer.build(variables)
+
     def train_step(self, data):
         """One exact training step on this replica's part of the batch.
+
+        Built from the public blocks: the forward pass, this replica's loss
+        share (`keras_ctl.global_mean` semantics for each compiled loss, plus
+        `keras_ctl.scaled_regularization_loss(self.losses)`), and
+        `keras_ctl.minimize`.
 
         Returns:
             A dict of logs; metric results are reduced across replicas by
@@ -131,29 +168,29 @@ class CTLModel(keras.Model):
         """
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        compiled = xla_step.forward_backward(self, data, batch_size, training=True)
+        compiled = self._train_pass(data, batch_size) if self._train_pass else None
         if compiled is not None:
-            loss, shares, y_pred, gradients = compiled
+            y_pred, loss, shares, gradients = compiled
             self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
-            return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss, shares = self._loss_share(x, y, y_pred, sample_weight, batch_size)
-        # Order the gradient all-reduce after the count all-reduce.
-        with tf.control_dependencies([shares.global_batch_size]):
-            optimization.minimize(loss, self.trainable_weights, self.optimizer, tape)
+        else:
+            with tf.GradientTape() as tape:
+                y_pred, loss, shares = self._forward(
+                    x, y, sample_weight, batch_size, True
+                )
+            # Order the gradient all-reduce after the count all-reduce.
+            with tf.control_dependencies([shares.global_batch_size]):
+                blocks.minimize(loss, self.trainable_weights, self.optimizer, tape)
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def test_step(self, data):
         """One exact evaluation step on this replica's part of the batch."""
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        compiled = xla_step.forward_backward(self, data, batch_size, training=False)
+        compiled = self._test_pass(data, batch_size) if self._test_pass else None
         if compiled is not None:
-            loss, shares, y_pred, _ = compiled
+            y_pred, loss, shares, _ = compiled
         else:
-            y_pred = self(x, training=False)
-            loss, shares = self._loss_share(x, y, y_pred, sample_weight, batch_size)
+            y_pred, loss, shares = self._forward(x, y, sample_weight, batch_size, False)
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def compute_loss(
@@ -166,109 +203,78 @@ class CTLModel(keras.Model):
         """
         del training
         batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
-        return self._default_loss_share(y, y_pred, sample_weight, batch_size)[0]
+        return forward.default_loss_share(self, y, y_pred, sample_weight, batch_size)[0]
 
     def make_train_function(self, force=False):
         if self.train_function is not None and not force:
             return self.train_function
         if self.built:
-            optimization.build_optimizer(
-                self.optimizer, self.trainable_weights, self.distribute_strategy
-            )
-        xla_step.prepare(self, training=True)
-        self.train_function = step_function.make_step_function(self, self.train_step)
+            self.build_optimizers()
+        plan = self._step_plan()
+        self._train_pass = None
+        if plan.xla == "per_replica_pass":
+            self._train_pass = forward.CompiledPass(self, training=True)
+        self.train_function = loop.make_step_function(self, self.train_step, plan)
         return self.train_function
 
     def make_test_function(self, force=False):
         if self.test_function is not None and not force:
             return self.test_function
-        xla_step.prepare(self, training=False)
-        self.test_function = step_function.make_step_function(self, self.test_step)
+        plan = self._step_plan()
+        self._test_pass = None
+        if plan.xla == "per_replica_pass":
+            self._test_pass = forward.CompiledPass(self, training=False)
+        self.test_function = loop.make_step_function(self, self.test_step, plan)
         return self.test_function
 
     def make_predict_function(self, force=False):
         if self.predict_function is not None and not force:
             return self.predict_function
-        self.predict_function = step_function.make_predict_function(self)
+        self.predict_function = loop.make_predict_function(self)
         return self.predict_function
 
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        # Keras 3.15 builds from `strategy.reduce("MEAN", first_batch)`,
-        # which fails for uneven per-replica batches and under
-        # MultiWorkerMirroredStrategy. Shapes are all it needs: Keras's own
-        # `_symbolic_build` reads the first replica's part of the first batch,
-        # and only when something is unbuilt (each read opens a multi-device
-        # iterator, about 0.2 s on CPU).
-        if self._distribute_strategy is None:
-            return
-        if iterator is not None:
-            iterator = _first_replica_batches(iterator, self.distribute_strategy)
-        with self.distribute_strategy.scope():
-            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+    def _uses_default_loss(self):
+        return type(self).compute_loss is CTLModel.compute_loss
 
-    def _loss_share(self, x, y, y_pred, sample_weight, batch_size):
-        """Returns `(loss share, LossShares)` for the default steps.
+    def _step_plan(self):
+        # Only the compiled loss has collectives known before tracing, so
+        # only it can be compiled per replica.
+        compilable = self._uses_default_loss() and _keras.compile_loss(self) is not None
+        return StepPlan.for_model(self, compilable)
 
-        A subclass's own `compute_loss` is honoured: its value is taken as
-        this replica's share (build it with `keras_ctl.global_mean`).
-        """
-        if type(self).compute_loss is CTLModel.compute_loss:
-            return self._default_loss_share(y, y_pred, sample_weight, batch_size)
-        loss = self._compute_loss(x, y, y_pred, sample_weight, training=True)
-        return loss, compiled_loss.count_only_shares(batch_size)
-
-    def _default_loss_share(self, y, y_pred, sample_weight, batch_size):
-        # Read layer losses right after the forward pass: replica threads
-        # share the layers, and the all-reduce below is a sync point.
-        regularization = reduction.scaled_regularization_loss(self.losses)
-        if self._compile_loss is None:
-            if not self.losses:
-                raise ValueError(
-                    "No loss to compute. Expected a `loss` argument in "
-                    "`compile()` or losses added with `add_loss`. Received: "
-                    "loss=None. Call e.g. `model.compile(optimizer, loss=...)`."
-                )
-            return regularization, compiled_loss.count_only_shares(batch_size)
-        shares = compiled_loss.compiled_loss_shares(
-            self._compile_loss, y, y_pred, sample_weight, batch_size
+    def _forward(self, x, y, sample_weight, batch_size, training):
+        return forward.forward_and_loss(
+            self, x, y, sample_weight, batch_size, training, self._uses_default_loss()
         )
-        return shares.total + regularization, shares
 
     def _update_metrics(self, x, y, y_pred, sample_weight, loss, shares):
         """Updates the loss trackers and compiled metrics on this replica."""
         # The loss tracker averages over examples like one device: each
-        # replica adds its share times the global batch and its own count.
-        _add_share(
-            self._loss_tracker, loss, shares.global_batch_size, shares.local_batch_size
+        # replica adds its share times the global batch, and its own count.
+        _keras.add_to_mean(
+            _keras.loss_tracker(self),
+            loss * shares.global_batch_size,
+            shares.local_batch_size,
         )
-        if self._compile_loss is not None:
+        compile_loss = _keras.compile_loss(self)
+        if compile_loss is not None:
             # Keras 3.15 weighs per-output losses by the static batch size,
             # unknown in a traced step: one weight per step, 1/R per replica.
-            per_replica = 1.0 / reduction.num_replicas()
-            for tracker, (_, share) in zip(
-                self._compile_loss.metrics, shares.per_output
-            ):
-                _add_share(tracker, share, 1.0, per_replica)
+            per_replica = 1.0 / blocks.num_replicas()
+            trackers = _keras.per_output_loss_trackers(compile_loss)
+            for tracker, (_, share) in zip(trackers, shares.per_output):
+                _keras.add_to_mean(tracker, share, per_replica)
 
         def update():
             self.compute_metrics(x, y, y_pred, sample_weight)
             return tf.constant(True)
 
-        if reduction.num_replicas() == 1:
+        if blocks.num_replicas() == 1:
             update()
         else:
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
-
-
-def _first_replica_batches(epoch_iterator, strategy):
-    """`epoch_iterator`'s steps, each batch cut to the first replica's part.
-
-    A generator: nothing is read until Keras asks for a batch.
-    """
-    for begin, end, batches in epoch_iterator:
-        yield begin, end, (strategy.experimental_local_results(b)[0] for b in batches)
 
 
 _FUNCTIONAL_VARIANTS = {}
@@ -279,45 +285,11 @@ def _functional_variant(cls):
     if cls not in _FUNCTIONAL_VARIANTS:
         variant = type(
             cls.__name__,
-            (cls, Functional),
+            (cls, _keras.Functional),
             {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
         )
         # Saved files name the user's class, which rebuilds this variant:
         # register the variant under `cls`'s name (Keras 3.15 registry).
-        object_registration.GLOBAL_CUSTOM_NAMES[variant] = (
-            keras.saving.get_registered_name(cls)
-        )
+        _keras.register_under_name(variant, keras.saving.get_registered_name(cls))
         _FUNCTIONAL_VARIANTS[cls] = variant
     return _FUNCTIONAL_VARIANTS[cls]
-
-
-def _add_share(tracker, share, global_weight, local_weight):
-    """Adds to a `keras.metrics.Mean` so that, summed over replicas, it holds
-    the global value weighted by `global_weight`."""
-    tracker.total.assign_add(tf.cast(share * global_weight, tracker.dtype))
-    tracker.count.assign_add(tf.cast(local_weight, tracker.dtype))
-
-
-def pad_empty_batch(data):
-    """Gives a replica without examples one placeholder example of zeros.
-
-    With several replicas the last global batch can leave a replica empty;
-    gradients of some layers crash on an empty batch, yet the replica must
-    join every collective. The placeholder's loss and counts are zeroed.
-
-    Returns:
-        `(data, batch_size)` where `batch_size` counts the real examples.
-    """
-    flat = [t for t in tree.flatten(data) if t is not None]
-    batch_size = tf.shape(flat[0])[0]
-    if reduction.num_replicas() == 1:
-        return data, batch_size
-    missing = tf.cast(tf.equal(batch_size, 0), tf.int32)
-
-    def pad(t):
-        if t is None:
-            return None
-        zeros = tf.zeros(tf.concat([[missing], tf.shape(t)[1:]], 0), t.dtype)
-        return tf.concat([t, zeros], axis=0)
-
-    return tree.map_structure(pad, data), batch_size

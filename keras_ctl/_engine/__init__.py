@@ -1,0 +1,14 @@
+"""How `fit()`, `evaluate()` and `predict()` run a `CTLModel`'s steps.
+
+Private: the public surface is `keras_ctl.CTLModel` and the building blocks
+in `keras_ctl.blocks`, which are built on `replicas` and `shares` here.
+
+- `replicas`: replica count, the sum across replicas, and the one division
+  every exact mean uses (local sums over all-reduced counts).
+- `loss`: the compiled loss as per-replica shares.
+- `forward`: the forward pass and loss of the default steps, eager or XLA.
+- `padding`: a placeholder example for replicas without examples.
+- `plan`: the decisions a step function is built with (XLA, steps per call).
+- `loop`: the train/test/predict functions and their cross-replica logs.
+- `resume`: skipping the batches a killed run trained on.
+"""

@@ -1,0 +1,32 @@
+"""A placeholder example for a replica whose part of the batch is empty."""
+
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl._engine.replicas import num_replicas
+
+
+def pad_empty_batch(data):
+    """Gives a replica without examples one placeholder example of zeros.
+
+    With several replicas the last global batch can leave a replica empty;
+    gradients of some layers crash on an empty batch, yet the replica must
+    join every collective. The caller zeroes the placeholder's loss and
+    counts (`batch_size` is 0 for it).
+
+    Returns:
+        `(data, batch_size)` where `batch_size` counts the real examples.
+    """
+    flat = [t for t in tree.flatten(data) if t is not None]
+    batch_size = tf.shape(flat[0])[0]
+    if num_replicas() == 1:
+        return data, batch_size
+    missing = tf.cast(tf.equal(batch_size, 0), tf.int32)
+
+    def pad(t):
+        if t is None:
+            return None
+        zeros = tf.zeros(tf.concat([[missing], tf.shape(t)[1:]], 0), t.dtype)
+        return tf.concat([t, zeros], axis=0)
+
+    return tree.map_structure(pad, data), batch_size

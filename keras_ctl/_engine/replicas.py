@@ -1,0 +1,79 @@
+"""Replica arithmetic: the count, the sum, and the exact division.
+
+Every exact mean in keras_ctl is one rule: each replica divides its *local*
+sum by the *global* count (all-reduced), so the replicas' shares add up to
+the mean one device computes over the global batch, and so do their
+gradients (`tf.distribute` sums gradients across replicas).
+"""
+
+import tensorflow as tf
+
+
+def num_replicas():
+    """Returns the number of replicas of the current strategy.
+
+    Example:
+
+    ```python
+    reg = penalty / keras_ctl.num_replicas()  # gradients are summed
+    ```
+    """
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def all_reduce_sum(value):
+    """Sums `value` across replicas; the identity on a single replica.
+
+    Call it inside a replica step. Every replica must call it the same number
+    of times in the same order, because it is a collective.
+
+    Example:
+
+    ```python
+    global_count = keras_ctl.all_reduce_sum(tf.shape(x)[0])
+    ```
+    """
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce("SUM", value)
+
+
+def divide_by_global_counts(local_sums, local_counts, has_examples=None):
+    """Returns `(shares, global_counts)`: each local sum over its global count.
+
+    All counts are summed across replicas in one all-reduce, however many
+    there are.
+
+    Args:
+        local_sums: Float32 scalars summed on this replica (differentiable).
+        local_counts: Float32 scalars, one denominator per sum, or `None` for
+            a sum that is not divided (`reduction="sum"`). Extra counts past
+            `local_sums` are all-reduced and returned too.
+        has_examples: Optional float32 0/1: whether this replica holds real
+            examples. A replica padded with a placeholder example adds
+            nothing to any sum or count.
+
+    Returns:
+        `shares`, one per sum, and the all-reduced `global_counts` (the
+        `None` entries left out).
+    """
+    if has_examples is not None:
+        local_sums = [value * has_examples for value in local_sums]
+    counts = [count for count in local_counts if count is not None]
+    if not counts:
+        return list(local_sums), []
+    if num_replicas() == 1:
+        # One replica: its counts are the global ones, no collective.
+        global_counts = [tf.stop_gradient(count) for count in counts]
+    else:
+        stacked = tf.stop_gradient(tf.stack(counts))
+        if has_examples is not None:
+            stacked *= has_examples
+        global_counts = tf.unstack(all_reduce_sum(stacked))
+    divisors = iter(global_counts)
+    shares = [
+        value if count is None else tf.math.divide_no_nan(value, next(divisors))
+        for value, count in zip(local_sums, local_counts)
+    ]
+    return shares, global_counts

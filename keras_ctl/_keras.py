@@ -1,0 +1,189 @@
+"""The one module that reads Keras internals.
+
+Everything else in keras_ctl uses public Keras only. Each accessor says why
+no public hook does the job and the Keras versions it was checked on; the
+supported range is `keras_ctl._compat.SUPPORTED` (pyproject.toml), and
+`.ci/compat` runs the fast tests at both of its ends. When a new Keras minor
+comes out, re-read the Keras code each accessor names, then widen the range.
+
+Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
+"""
+
+from keras.src.backend import get_keras_mask as _get_keras_mask
+from keras.src.losses.loss import squeeze_or_expand_to_same_rank
+from keras.src.models.functional import Functional
+from keras.src.models.model import functional_init_arguments
+from keras.src.saving import object_registration
+
+__all__ = [
+    "RAN_OUT_OF_DATA",
+    "Functional",
+    "SymbolicBuildFromFirstReplica",
+    "add_to_mean",
+    "compile_loss",
+    "compile_loss_terms",
+    "end_epoch_early",
+    "functional_init_arguments",
+    "loss_tracker",
+    "mask_of",
+    "pack_like_compile_loss",
+    "per_output_loss_trackers",
+    "register_under_name",
+    "set_initial_epoch",
+    "squeeze_or_expand_to_same_rank",
+    "user_compute_loss",
+]
+
+
+def mask_of(tensor):
+    """The Keras mask a layer attached to `tensor`, or `None`.
+
+    Keras keeps masks in a private tensor attribute (`backend.get_keras_mask`
+    is not exported); the compiled loss needs them to weigh masked entries.
+    """
+    return _get_keras_mask(tensor)
+
+
+def compile_loss(model):
+    """The model's `CompileLoss` built by `compile(loss=...)`, or `None`.
+
+    Keras exposes only `model.compute_loss`, which reduces each output on its
+    replica; the exact step needs the per-output losses, their paths, weights
+    and names to divide each by a global count (`Trainer._compile_loss`).
+    """
+    return model._compile_loss
+
+
+def compile_loss_terms(compile_loss):
+    """`[(path, loss_fn, loss_weight, name)]`, one per output with a loss.
+
+    `CompileLoss._flat_losses`, filled when the loss is built (see
+    `pack_like_compile_loss`): a namedtuple `Loss(path, loss, loss_weights,
+    name)` per output, read by position.
+    """
+    return [tuple(term) for term in compile_loss._flat_losses]
+
+
+def pack_like_compile_loss(compile_loss, y_true, y_pred):
+    """Builds `compile_loss` on first use and packs `y_true`/`y_pred` like it.
+
+    Mirrors the structure handling at the top of `CompileLoss.call`, which is
+    not a separate public function (`_y_pred_build_structure`,
+    `_y_true_build_structure`).
+    """
+    from keras import tree
+
+    if not compile_loss.built:
+        compile_loss.build(y_true, y_pred)
+
+    def pack(structure, values):
+        try:
+            tree.assert_same_structure(structure, values)
+            return values
+        except (ValueError, TypeError):
+            return tree.pack_sequence_as(structure, tree.flatten(values))
+
+    return (
+        pack(compile_loss._y_true_build_structure, y_true),
+        pack(compile_loss._y_pred_build_structure, y_pred),
+    )
+
+
+def per_output_loss_trackers(compile_loss):
+    """The `Mean` of each output's loss (`<output>_loss` in the logs), in the
+    order of `compile_loss_terms`: `CompileLoss.metrics`."""
+    return compile_loss.metrics
+
+
+def loss_tracker(model):
+    """The `Mean` behind the logged `loss` (`Trainer._loss_tracker`).
+
+    Keras creates it in `compile()` and lists it first in `model.metrics`,
+    but has no public name for it.
+    """
+    return model._loss_tracker
+
+
+def add_to_mean(tracker, total, count):
+    """Adds to a `keras.metrics.Mean`'s running `total` and `count`.
+
+    `Mean.update_state` divides nothing but takes one value per example; the
+    exact step adds a share of a global value with a weight of its own.
+    `total`/`count` are Mean's variables (not underscored, not documented).
+    """
+    import tensorflow as tf
+
+    tracker.total.assign_add(tf.cast(total, tracker.dtype))
+    tracker.count.assign_add(tf.cast(count, tracker.dtype))
+
+
+def user_compute_loss(model, x, y, y_pred, sample_weight, training):
+    """Calls a subclass's `compute_loss`, with `training` when it takes it.
+
+    `Trainer._compute_loss`: the compatibility wrapper Keras's own steps use
+    for overrides written before Keras 3.3 added `training`.
+    """
+    return model._compute_loss(x, y, y_pred, sample_weight, training=training)
+
+
+class SymbolicBuildFromFirstReplica:
+    """A `keras.Model` mixin: build from the first replica's batch shapes.
+
+    `fit()`, `evaluate()` and `predict()` call the TensorFlow trainer's
+    `_maybe_symbolic_build` before the first step. Keras builds from
+    `strategy.reduce("MEAN", first_batch)`, which fails for uneven
+    per-replica batches and under MultiWorkerMirroredStrategy
+    (keras-team/keras#20585). Shapes are all `Trainer._symbolic_build`
+    needs, so it gets the first replica's part of the first batch, read only
+    when something is unbuilt (each read opens a multi-device iterator,
+    about 0.2 s on CPU). There is no public hook before the first step.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None:
+            return  # Keras builds when the step is traced.
+        strategy = self.distribute_strategy
+        if iterator is not None:
+            iterator = _first_replica_batches(iterator, strategy)
+        with strategy.scope():
+            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+
+
+def _first_replica_batches(epoch_iterator, strategy):
+    """`epoch_iterator`'s steps, each batch cut to the first replica's part.
+
+    A generator: nothing is read until Keras asks for a batch.
+    """
+    for begin, end, batches in epoch_iterator:
+        yield begin, end, (strategy.experimental_local_results(b)[0] for b in batches)
+
+
+def set_initial_epoch(model, epoch):
+    """Makes the next `fit()` start at `epoch` (what Keras's own
+    `BackupAndRestore` sets on restore: `Trainer._initial_epoch`)."""
+    model._initial_epoch = epoch
+
+
+def end_epoch_early():
+    """Ends the current epoch from inside the train function.
+
+    Keras's epoch loop ends an epoch when the train function raises
+    `StopIteration` (`EpochIterator.catch_stop_iteration`), and warns "Your
+    input ran out of data". There is no public way to end one epoch.
+    """
+    raise StopIteration
+
+
+# The warning Keras gives when `end_epoch_early` ends an epoch
+# (`EpochIterator._interrupted_warning`), for a filter that hides it when the
+# epoch is cut short on purpose.
+RAN_OUT_OF_DATA = "Your input ran out of data"
+
+
+def register_under_name(cls, name):
+    """Saves instances of `cls` under the registered `name` of another class.
+
+    `object_registration.GLOBAL_CUSTOM_NAMES`: `register_keras_serializable`
+    would also register `cls` as the object to load for `name`.
+    """
+    object_registration.GLOBAL_CUSTOM_NAMES[cls] = name

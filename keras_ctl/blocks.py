@@ -1,0 +1,144 @@
+"""Building blocks for exact custom steps.
+
+Inside a replica step (`strategy.run`), each block returns this replica's
+*share* of a global quantity: the shares of all replicas sum to the value one
+device computes on the whole global batch. `tf.distribute` sums gradients
+across replicas, so the gradient of a share is this replica's exact share of
+the global gradient. `CTLModel`'s default step is built from these blocks.
+"""
+
+import warnings
+
+import tensorflow as tf
+
+from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import divide_by_global_counts
+from keras_ctl._engine.replicas import num_replicas
+
+__all__ = [
+    "all_reduce_sum",
+    "global_mean",
+    "minimize",
+    "num_replicas",
+    "scaled_regularization_loss",
+]
+
+
+def global_mean(values, sample_weight=None):
+    """Returns this replica's share of the mean of `values` over the global batch.
+
+    The mean of one device is `sum(values * w) / sum(w)` over the whole global
+    batch. Each replica computes its local weighted sum and divides it by the
+    *global* weight sum (all-reduced here), so the shares add up to that mean
+    even when replicas hold different numbers of examples, or none. This is
+    `tf.nn.compute_average_loss` without a fixed `global_batch_size`.
+
+    Args:
+        values: Per-example values, rank >= 1 with the batch first (for
+            example a per-example loss of shape `(batch,)` or
+            `(batch, height, width)`).
+        sample_weight: Optional weights broadcastable to `values`.
+            Defaults to `None` (every element weighs 1).
+
+    Returns:
+        A scalar: this replica's share of the global mean.
+
+    Raises:
+        ValueError: if `values` is a scalar (already reduced).
+
+    Example:
+
+    ```python
+    per_example = keras.losses.sparse_categorical_crossentropy(y, y_pred)
+    loss = keras_ctl.global_mean(per_example)
+    ```
+    """
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0:
+        raise ValueError(
+            "Expected `values` with one entry per example (rank >= 1), so "
+            "that the mean can be taken over the global batch. Received: "
+            f"values with shape {values.shape}. Pass the unreduced "
+            "per-example values (e.g. a loss with `reduction=None`)."
+        )
+    if sample_weight is None:
+        local_sum = tf.reduce_sum(values)
+        local_weight = tf.cast(tf.size(values), values.dtype)
+    else:
+        weights = tf.broadcast_to(
+            tf.cast(sample_weight, values.dtype), tf.shape(values)
+        )
+        local_sum = tf.reduce_sum(values * weights)
+        local_weight = tf.reduce_sum(weights)
+    (share,), _ = divide_by_global_counts([local_sum], [local_weight])
+    return share
+
+
+def scaled_regularization_loss(losses):
+    """Returns this replica's share of the sum of `losses`.
+
+    Regularization losses (weight regularizers, `add_loss`) are added once
+    per global batch. Every replica computes them and gradients are summed
+    across replicas, so each replica contributes `sum(losses) / replicas`.
+    This is `tf.nn.scale_regularization_loss`.
+
+    Args:
+        losses: A list of scalar tensors, typically `model.losses` read right
+            after the forward pass.
+
+    Returns:
+        A scalar float32 tensor (zero when `losses` is empty).
+
+    Example:
+
+    ```python
+    y_pred = self(x, training=True)
+    reg = keras_ctl.scaled_regularization_loss(self.losses)
+    ```
+    """
+    if not losses:
+        return tf.zeros((), "float32")
+    total = tf.add_n([tf.cast(tf.reduce_sum(loss), "float32") for loss in losses])
+    # Gradients are summed across replicas, so each one adds 1/R of it.
+    return total / num_replicas()
+
+
+def minimize(loss, variables, optimizer, tape):
+    """Applies the gradients of `loss` with respect to `variables`.
+
+    `loss` is this replica's share of the global loss (see `global_mean`):
+    the optimizer sums gradients across replicas, so the update equals one
+    device's update on the global batch. The loss is scaled through
+    `optimizer.scale_loss()` on the same tape, so a
+    `keras.optimizers.LossScaleOptimizer` (mixed precision) keeps its own
+    loss scale; it unscales the gradients when it applies them.
+
+    Args:
+        loss: Scalar loss share recorded on `tape`.
+        variables: The variables to update (e.g. `model.trainable_weights`).
+        optimizer: A `keras.optimizers.Optimizer`, built for `variables`.
+        tape: The `tf.GradientTape` that recorded the forward pass. It is
+            re-entered to record the loss scaling, then consumed.
+
+    Returns:
+        The list of gradients that were applied (loss-scaled when the
+        optimizer scales the loss).
+
+    Example:
+
+    ```python
+    with tf.GradientTape() as tape:
+        y_pred = self(x, training=True)
+        loss = keras_ctl.global_mean(per_example_loss(y, y_pred))
+    keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
+    ```
+    """
+    variables = list(variables)
+    if not variables:
+        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
+        return []
+    with tape:
+        scaled_loss = optimizer.scale_loss(loss)
+    gradients = tape.gradient(scaled_loss, variables)
+    optimizer.apply_gradients(zip(gradients, variables))
+    return gradients

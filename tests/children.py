@@ -1,0 +1,70 @@
+"""The one way the tests run a child process.
+
+A child is a fresh interpreter (one device set per process: see
+`strategies.py`), started in its own process group, bounded in time, and
+stopped with all its own children when it runs over or the test fails.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+PYTHON = sys.executable
+KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
+
+
+def quiet_env(env=None, **extra):
+    """`env` (default: this process's) without TensorFlow's log lines."""
+    return dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+
+
+def start(command, *, env=None, cwd=HERE):
+    """Starts `command`; stdout and stderr are captured separately."""
+    return subprocess.Popen(
+        [str(part) for part in command],
+        cwd=cwd,
+        env=quiet_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(process, timeout):
+    """Waits for `process`; returns a `subprocess.CompletedProcess`.
+
+    Raises:
+        AssertionError: after stopping the whole process group, when the
+            child runs past `timeout` seconds.
+    """
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop(process)
+        stdout, stderr = process.communicate()
+        raise AssertionError(
+            f"{process.args} ran past {timeout} s:\n{stdout[-2000:]}\n{stderr[-3000:]}"
+        ) from None
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def stop(process):
+    """Kills `process` and everything it started."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run(command, *, timeout, env=None, cwd=HERE):
+    """Runs `command` to its end; returns a `subprocess.CompletedProcess`."""
+    return finish(start(command, env=env, cwd=cwd), timeout)
+
+
+def output(result):
+    """The end of a finished child's output, for assertion messages."""
+    return result.stdout[-3000:] + result.stderr[-3000:]
