@@ -4,8 +4,10 @@ import json
 import os
 
 import children
+import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
 
 
 def run_example(script, *args, timeout=300):

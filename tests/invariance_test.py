@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import strategies
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 1e-5
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD_TIMEOUT_S = 900

@@ -11,6 +11,8 @@ import keras
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [
     "uneven",

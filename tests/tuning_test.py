@@ -15,6 +15,8 @@ import tensorflow as tf
 
 import keras_ctl
 
+pytestmark = pytest.mark.slow
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

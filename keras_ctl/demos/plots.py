@@ -17,6 +17,15 @@ def pyplot():
 
 def learning_curves(history, path):
     """Writes one panel per logged value (with its `val_` twin) to `path`."""
+    figure = curves_figure(history)
+    figure.savefig(path, dpi=80)
+    pyplot().close(figure)
+
+
+def curves_figure(history):
+    """The figure of `learning_curves`: epochs 1, 2, ... on integer ticks."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = pyplot()
     names = [name for name in history if not name.startswith("val_")]
     figure, axes = plt.subplots(
@@ -27,12 +36,15 @@ def learning_curves(history, path):
         axis.plot(epochs, history[name], marker="o", label=name)
         if f"val_{name}" in history:
             axis.plot(epochs, history[f"val_{name}"], marker="o", label=f"val_{name}")
+        if len(epochs) <= 10:
+            axis.set_xticks(list(epochs))
+        else:
+            axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("epoch")
         axis.set_title(name)
         axis.legend()
     figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    return figure
 
 
 def image_grid(images, path, title=""):

@@ -1,0 +1,106 @@
+"""The `keras-ctl` command's arguments and run files, without training."""
+
+import json
+
+import children
+import pytest
+
+import keras_ctl_cli
+from keras_ctl.cli.common import HistoryFiles
+from keras_ctl.demos import plots
+
+
+def usage_error(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_info:
+        keras_ctl_cli.main(list(argv))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "gan", "--replicas", "0"], "Received: --replicas 0"),
+        (["train", "gan", "--epochs", "0"], "Received: --epochs 0"),
+        (["tune", "gan", "--trials", "0"], "Received: --trials 0"),
+        (["bench", "--rounds", "0"], "Received: --rounds 0"),
+        (["bench", "--models", "rnn"], "Received: 'rnn'"),
+        (["train", "gan", "--replicas", "2"], "Use --strategy mirrored"),
+        (["train", "gan", "--strategy", "nccl"], "invalid choice: 'nccl'"),
+        (["train", "gan", "--resume", "--out", "/nonexistent"], "--resume continues"),
+    ],
+)
+def test_bad_flags_get_clear_errors(capsys, monkeypatch, argv, message):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert message in usage_error(capsys, *argv)
+
+
+def test_multiworker_without_a_cluster_says_how_to_start_one(capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    error = usage_error(capsys, "train", "gan", "--strategy", "multiworker")
+    assert "Received: no TF_CONFIG" in error and "keras-ctl launch" in error
+
+
+@pytest.mark.parametrize("where", ["the file", "below the file"])
+def test_out_pointing_at_a_file_is_a_usage_error(capsys, tmp_path, where):
+    existing = tmp_path / "notes.txt"
+    existing.write_text("mine")
+    out = existing if where == "the file" else existing / "run"
+    error = usage_error(capsys, "train", "gan", "--out", str(out))
+    assert f"Received: --out {out}, but {existing} is a file" in error
+    assert existing.read_text() == "mine"
+
+
+def test_an_interrupted_run_is_not_overwritten(capsys, tmp_path):
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "latest.weights.h5").write_bytes(b"state")
+    assert "Pass --resume" in usage_error(
+        capsys, "train", "gan", "--out", str(tmp_path)
+    )
+    assert (tmp_path / "backup" / "latest.weights.h5").read_bytes() == b"state"
+
+
+def test_help_answers_without_starting_tensorflow():
+    code = (
+        "import sys, keras_ctl_cli\n"
+        "try:\n"
+        "    keras_ctl_cli.main(['--help'])\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code, 'tensorflow' in sys.modules)\n"
+    )
+    result = children.run([children.PYTHON, "-c", code], timeout=60)
+    assert "exit 0 False" in result.stdout
+    for command in ("train", "tune", "launch", "bench"):
+        assert command in result.stdout
+    assert result.stderr == ""
+
+
+def test_history_files_keep_the_epochs_of_a_killed_run(tmp_path):
+    first = HistoryFiles(tmp_path)
+    for epoch in range(3):
+        first.on_epoch_end(epoch, {"loss": 1.0 / (epoch + 1), "accuracy": 0.1 * epoch})
+    # Killed during epoch 4; the resumed run trains epochs 4 and 5 (index 3, 4),
+    # after an epoch-3 backup that was never written: epoch 3 is trained again.
+    resumed = HistoryFiles(tmp_path)
+    for epoch in (2, 3, 4):
+        resumed.on_epoch_end(epoch, {"loss": 0.5 - 0.1 * epoch, "accuracy": 0.5})
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert history["loss"] == pytest.approx([1.0, 0.5, 0.3, 0.2, 0.1])
+    assert history["accuracy"] == pytest.approx([0.0, 0.1, 0.5, 0.5, 0.5])
+    rows = (tmp_path / "history.csv").read_text().splitlines()
+    assert rows[0] == "epoch,loss,accuracy"
+    assert [row.split(",")[0] for row in rows[1:]] == ["1", "2", "3", "4", "5"]
+
+
+def test_one_epoch_curves_have_markers_on_integer_ticks():
+    figure = plots.curves_figure({"loss": [0.7], "val_loss": [0.9]})
+    axis = figure.axes[0]
+    ticks = [tick for tick in axis.get_xticks() if 0.5 <= tick <= 1.5]
+    assert ticks == [1.0]
+    assert [line.get_marker() for line in axis.get_lines()] == ["o", "o"]
+    plots.pyplot().close(figure)
+
+
+def test_learning_curves_write_a_png(tmp_path):
+    plots.learning_curves({"loss": [0.7, 0.5]}, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
