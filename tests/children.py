@@ -16,9 +16,12 @@ PYTHON = sys.executable
 KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
 
 
-def quiet_env(env=None, **extra):
-    """`env` (default: this process's) without TensorFlow's log lines."""
-    return dict(os.environ if env is None else env, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+def quiet_env(env=None):
+    """`env` (default: this process's) without TensorFlow's log lines, unless
+    `env` sets their level itself."""
+    if env is None:
+        return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return {"TF_CPP_MIN_LOG_LEVEL": "3", **env}
 
 
 def start(command, *, env=None, cwd=HERE):

@@ -9,7 +9,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-
 def run_example(script, *args, timeout=300):
     result = children.run(
         [children.PYTHON, os.path.join("examples", script), *args],

@@ -23,7 +23,14 @@ def tutorial_cnn(input_shape, num_classes=10, model_class=CTLModel):
 
 def gan_models(image_shape, latent_dim):
     """A small DCGAN `(discriminator, generator)` for `image_shape` images
-    whose height and width are even (8x8 digits, 28x28 MNIST)."""
+    whose height and width are even (8x8 digits, 28x28 MNIST).
+
+    The discriminator's convolution has no bias: TensorFlow's graph
+    optimizer (grappler's remapper) tries to fuse Conv2D + BiasAdd +
+    LeakyRelu while the gradient of LeakyRelu still reads the BiasAdd, and
+    logs "remapper failed: INVALID_ARGUMENT" on every trace (harmless: the
+    graph runs unfused). The Dense layer after it has a bias.
+    """
     height, width, channels = image_shape
     generator = keras.Sequential(
         [
@@ -41,7 +48,7 @@ def gan_models(image_shape, latent_dim):
     discriminator = keras.Sequential(
         [
             keras.Input(image_shape),
-            keras.layers.Conv2D(64, 3, strides=2, padding="same"),
+            keras.layers.Conv2D(64, 3, strides=2, padding="same", use_bias=False),
             keras.layers.LeakyReLU(0.2),
             keras.layers.Flatten(),
             keras.layers.Dense(1),
