@@ -25,11 +25,11 @@ def gan_models(image_shape, latent_dim):
     """A small DCGAN `(discriminator, generator)` for `image_shape` images
     whose height and width are even (8x8 digits, 28x28 MNIST).
 
-    The discriminator's convolution has no bias: TensorFlow's graph
+    The convolutions followed by LeakyReLU have no bias: TensorFlow's graph
     optimizer (grappler's remapper) tries to fuse Conv2D + BiasAdd +
     LeakyRelu while the gradient of LeakyRelu still reads the BiasAdd, and
     logs "remapper failed: INVALID_ARGUMENT" on every trace (harmless: the
-    graph runs unfused). The Dense layer after it has a bias.
+    graph runs unfused).
     """
     height, width, channels = image_shape
     generator = keras.Sequential(
@@ -39,7 +39,7 @@ def gan_models(image_shape, latent_dim):
             keras.layers.LeakyReLU(0.2),
             keras.layers.Reshape((height // 2, width // 2, 64)),
             keras.layers.UpSampling2D(),
-            keras.layers.Conv2D(64, 3, padding="same"),
+            keras.layers.Conv2D(64, 3, padding="same", use_bias=False),
             keras.layers.LeakyReLU(0.2),
             keras.layers.Conv2D(channels, 3, padding="same", activation="sigmoid"),
         ],
