@@ -78,52 +78,46 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     @classmethod
     def from_model(cls, model):
-        """Returns a `CTLModel` that shares `model`'s layers and weights.
+        """Makes `model` a `CTLModel`, in place, and returns it.
 
-        A functional or `keras.Sequential` model becomes a functional
-        `CTLModel` over the same layers: training one trains the other, and
-        weight files saved by one load into the other. A subclassed model is
-        converted in place (its class gains `CTLModel` as a base, after the
-        user's own methods) and returned.
+        The same for functional, `keras.Sequential` and subclassed models:
+        the model's class gains `cls` as a base, after its own classes, so
+        the model's own methods (`call`, `get_config`, a custom
+        `train_step`) still come first. Nothing is copied: the returned
+        model *is* `model`, with the same layers and weights, and weight
+        files load across the conversion. Saved, a converted functional model
+        loads as a `CTLModel`; a Sequential or subclassed one loads as its
+        own class (convert it again after loading).
 
         Args:
-            model: A built `keras.Model`.
+            model: A `keras.Model`.
 
         Returns:
-            A `CTLModel` sharing `model`'s variables.
+            `model`, now an instance of `cls`.
 
         Raises:
             TypeError: if `model` is not a `keras.Model`.
-            ValueError: if a functional or Sequential `model` has no inputs yet.
 
         Example:
 
         ```python
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        ctl = keras_ctl.CTLModel.from_model(model)
+        ctl = keras_ctl.CTLModel.from_model(model)  # `ctl is model`
         ctl.compile(optimizer="sgd", loss="mse")
         ```
         """
-        if isinstance(model, CTLModel):
+        if isinstance(model, cls):
             return model
         if not isinstance(model, keras.Model):
             raise TypeError(
                 "Expected `model` to be a `keras.Model`. "
                 f"Received: model={model!r} of type {type(model).__name__}."
             )
-        if isinstance(model, (keras.Sequential, _keras.Functional)):
-            try:
-                inputs, outputs = model.inputs, model.outputs
-            except (AttributeError, ValueError):
-                inputs = outputs = None
-            if not inputs:
-                raise ValueError(
-                    "Expected a built model with known inputs. Received: "
-                    f"model={model.name!r} with no inputs. Start it with "
-                    "`keras.Input(shape)` or call `model.build(input_shape)`."
-                )
-            return cls(inputs=inputs, outputs=outputs, name=model.name)
-        model.__class__ = type(type(model).__name__, (type(model), cls), {})
+        if type(model) is _keras.Functional:
+            model.__class__ = _functional_variant(cls)
+        else:
+            model.__class__ = _mixed_class(type(model), cls, named_after=type(model))
+        # Steps traced for the old class would skip the exact ones.
         model.train_function = model.test_function = None
         model.predict_function = None
         return model
@@ -277,19 +271,31 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return self.get_metrics_result()
 
 
-_FUNCTIONAL_VARIANTS = {}
-
-
 def _functional_variant(cls):
-    """`cls` with `Functional` mixed in, serialized under `cls`'s name."""
-    if cls not in _FUNCTIONAL_VARIANTS:
-        variant = type(
-            cls.__name__,
-            (cls, _keras.Functional),
-            {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+    """`cls` with `Functional` mixed in, saved and loaded as `cls`."""
+    return _mixed_class(cls, _keras.Functional, named_after=cls)
+
+
+_MIXED_CLASSES = {}
+
+
+def _mixed_class(first, second, named_after):
+    """A class with bases `(first, second)` that Keras saves as `named_after`.
+
+    Saved files name `named_after`, whose class rebuilds the model on load:
+    the mixed class is registered under its name.
+    """
+    key = (first, second)
+    if key not in _MIXED_CLASSES:
+        mixed = type(
+            named_after.__name__,
+            (first, second),
+            {
+                "__module__": named_after.__module__,
+                "__qualname__": named_after.__qualname__,
+            },
         )
-        # Saved files name the user's class, which rebuilds this variant:
-        # register the variant under `cls`'s name (Keras 3.15 registry).
-        _keras.register_under_name(variant, keras.saving.get_registered_name(cls))
-        _FUNCTIONAL_VARIANTS[cls] = variant
-    return _FUNCTIONAL_VARIANTS[cls]
+        name = keras.saving.get_registered_name(named_after)
+        _keras.register_under_name(mixed, name)
+        _MIXED_CLASSES[key] = mixed
+    return _MIXED_CLASSES[key]

@@ -116,6 +116,8 @@ def test_from_model_shares_layers_and_weight_files(kind, tmp_path):
     before = [w.copy() for w in original.get_weights()]
     ctl = keras_ctl.CTLModel.from_model(original)
     assert isinstance(ctl, keras_ctl.CTLModel)
+    assert ctl is original  # converted in place, whatever the kind
+    assert keras_ctl.CTLModel.from_model(ctl) is ctl
     # Weights saved from the original load into the CTLModel and back.
     original.save_weights(tmp_path / "original.weights.h5")
     ctl.set_weights([np.zeros_like(w) for w in before])
@@ -131,6 +133,23 @@ def test_from_model_shares_layers_and_weight_files(kind, tmp_path):
     original.set_weights(before)
     original.load_weights(tmp_path / "ctl.weights.h5")
     assert_weights_equal(original, ctl)
+
+
+@pytest.mark.parametrize(
+    "kind, loaded_class",
+    [("functional", keras_ctl.CTLModel), ("sequential", keras.Sequential)],
+)
+def test_a_converted_model_saves_and_loads(kind, loaded_class, tmp_path):
+    x, y = small_data()
+    model = compile_classifier(keras_ctl.CTLModel.from_model(make_original(kind)))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    model.save(tmp_path / "converted.keras")
+    loaded = keras.models.load_model(tmp_path / "converted.keras")
+    assert type(loaded).__name__ == loaded_class.__name__
+    assert isinstance(loaded, loaded_class)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
 
 
 def test_from_model_rejects_non_models():
