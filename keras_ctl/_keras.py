@@ -1,9 +1,9 @@
 """The one module that reads Keras internals.
 
 Everything else in keras_ctl uses public Keras only. Each accessor says why
-no public hook does the job and the Keras versions it was checked on; the
-supported range is `keras_ctl._compat.SUPPORTED` (pyproject.toml), and
-`.ci/compat` runs the fast tests at both of its ends. When a new Keras minor
+no public hook does the job. The supported range is declared in
+pyproject.toml (checked on import by `keras_ctl._compat`), and `.ci/compat`
+runs the fast tests at both of its ends. When a new Keras minor
 comes out, re-read the Keras code each accessor names, then widen the range.
 
 Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.

@@ -200,25 +200,19 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return forward.default_loss_share(self, y, y_pred, sample_weight, batch_size)[0]
 
     def make_train_function(self, force=False):
-        if self.train_function is not None and not force:
-            return self.train_function
-        if self.built:
-            self.build_optimizers()
-        plan = self._step_plan()
-        self._train_pass = None
-        if plan.xla == "per_replica_pass":
-            self._train_pass = forward.CompiledPass(self, training=True)
-        self.train_function = loop.make_step_function(self, self.train_step, plan)
+        if self.train_function is None or force:
+            if self.built:
+                self.build_optimizers()
+            self._train_pass, self.train_function = self._step_function(
+                self.train_step, training=True
+            )
         return self.train_function
 
     def make_test_function(self, force=False):
-        if self.test_function is not None and not force:
-            return self.test_function
-        plan = self._step_plan()
-        self._test_pass = None
-        if plan.xla == "per_replica_pass":
-            self._test_pass = forward.CompiledPass(self, training=False)
-        self.test_function = loop.make_step_function(self, self.test_step, plan)
+        if self.test_function is None or force:
+            self._test_pass, self.test_function = self._step_function(
+                self.test_step, training=False
+            )
         return self.test_function
 
     def make_predict_function(self, force=False):
@@ -230,11 +224,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def _uses_default_loss(self):
         return type(self).compute_loss is CTLModel.compute_loss
 
-    def _step_plan(self):
+    def _step_function(self, step, training):
+        """Returns `(compiled pass or None, function running step)`."""
         # Only the compiled loss has collectives known before tracing, so
         # only it can be compiled per replica.
         compilable = self._uses_default_loss() and _keras.compile_loss(self) is not None
-        return StepPlan.for_model(self, compilable)
+        plan = StepPlan.for_model(self, compilable)
+        compiled_pass = None
+        if plan.xla == "per_replica_pass":
+            compiled_pass = forward.CompiledPass(self, training=training)
+        function = loop.make_step_function(self, step, plan, resumable=training)
+        return compiled_pass, function
 
     def _forward(self, x, y, sample_weight, batch_size, training):
         return forward.forward_and_loss(

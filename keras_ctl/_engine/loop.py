@@ -25,11 +25,12 @@ from keras import tree
 from keras_ctl import outputs as outputs_module
 
 
-def make_step_function(model, step, plan):
+def make_step_function(model, step, plan, resumable=False):
     """Returns `function(iterator) -> logs` running `step` under a strategy.
 
     Runs `plan.steps_per_execution` steps per call (fewer at the end of the
-    data) and returns the logs of the last one.
+    data) and returns the logs of the last one. A `resumable` function (the
+    train function) follows the model's `ResumePlan` when it has one.
     """
     strategy = model.distribute_strategy
     read_metrics = _metric_reader(model, strategy)
@@ -77,7 +78,7 @@ def make_step_function(model, step, plan):
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
 
     def function(iterator):
-        resume = model._resume_plan
+        resume = model._resume_plan if resumable else None
         if resume is not None:
             if resume.finished:
                 model._resume_plan = None
