@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-def global_mean(values, sample_weight=None):
+def global_mean(values, sample_weight=None, *, global_weight=None):
     """Returns this replica's share of the mean of `values` over the global batch.
 
     The mean of one device is `sum(values * w) / sum(w)` over the whole global
@@ -39,6 +39,10 @@ def global_mean(values, sample_weight=None):
             `(batch, height, width)`).
         sample_weight: Optional weights broadcastable to `values`.
             Defaults to `None` (every element weighs 1).
+        global_weight: The weight sum over the global batch (summed over
+            replicas, of the weights broadcast to `values`), when the caller
+            already has it: it saves this call's collective, a round trip
+            between workers. Defaults to `None` (all-reduced here).
 
     Returns:
         A scalar: this replica's share of the global mean.
@@ -70,6 +74,8 @@ def global_mean(values, sample_weight=None):
         )
         local_sum = tf.reduce_sum(values * weights)
         local_weight = tf.reduce_sum(weights)
+    if global_weight is not None:
+        return tf.math.divide_no_nan(local_sum, tf.cast(global_weight, values.dtype))
     (share,), _ = divide_by_global_counts([local_sum], [local_weight])
     return share
 
@@ -96,11 +102,15 @@ def scaled_regularization_loss(losses):
     reg = keras_ctl.scaled_regularization_loss(self.losses)
     ```
     """
+    # Gradients are summed across replicas, so each one adds 1/R of it.
+    return regularization_total(losses) / num_replicas()
+
+
+def regularization_total(losses):
+    """The sum of `losses` as a float32 scalar (zero when empty)."""
     if not losses:
         return tf.zeros((), "float32")
-    total = tf.add_n([tf.cast(tf.reduce_sum(loss), "float32") for loss in losses])
-    # Gradients are summed across replicas, so each one adds 1/R of it.
-    return total / num_replicas()
+    return tf.add_n([tf.cast(tf.reduce_sum(loss), "float32") for loss in losses])
 
 
 def minimize(loss, variables, optimizer, tape):

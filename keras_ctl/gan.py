@@ -142,20 +142,22 @@ class GAN(CTLModel):
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
         # The placeholder example of an empty replica weighs nothing.
         weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, "float32"))
+        # Every phase divides by the same global count: one collective.
+        global_weight = blocks.all_reduce_sum(tf.reduce_sum(weight))
         # Each replica adds its share and 1/R of a step: the mean over steps.
         steps_per_replica = 1.0 / blocks.num_replicas()
         for i in range(self.d_steps):
             d_loss = self.train_discriminator(
-                real, self._latents(latents, i, real), weight
+                real, self._latents(latents, i, real), weight, global_weight
             )
             _keras.add_to_mean(self.d_loss_tracker, d_loss, steps_per_replica)
         g_loss = self.train_generator(
-            self._latents(latents, self.d_steps, real), weight
+            self._latents(latents, self.d_steps, real), weight, global_weight
         )
         _keras.add_to_mean(self.g_loss_tracker, g_loss, steps_per_replica)
         return {m.name: m.result() for m in self.metrics}
 
-    def train_discriminator(self, real, latents, weight=None):
+    def train_discriminator(self, real, latents, weight=None, global_weight=None):
         """One discriminator update on real and generated images.
 
         Only the discriminator's variables move; the generator runs forward.
@@ -165,6 +167,8 @@ class GAN(CTLModel):
             latents: Latent vectors, shape `(batch, latent_dim)`.
             weight: Optional per-example weights of the real batch (the
                 generated images get the same). Defaults to ones.
+            global_weight: Optional sum of `weight` over the global batch,
+                when known: saves a collective. Defaults to `None`.
 
         Returns:
             This replica's share of the discriminator loss.
@@ -185,11 +189,13 @@ class GAN(CTLModel):
         variables = self.discriminator.trainable_weights
         with tf.GradientTape() as tape:
             predictions = self.discriminator(combined)
-            loss = self._mean_loss(labels, predictions, weights, self.discriminator)
+            loss = self._mean_loss(
+                labels, predictions, weights, self.discriminator, global_weight, 2.0
+            )
         blocks.minimize(loss, variables, self.d_optimizer, tape)
         return loss
 
-    def train_generator(self, latents, weight=None):
+    def train_generator(self, latents, weight=None, global_weight=None):
         """One generator update against "all real" labels.
 
         Only the generator's variables move; the discriminator runs forward.
@@ -197,6 +203,8 @@ class GAN(CTLModel):
         Args:
             latents: Latent vectors, shape `(batch, latent_dim)`.
             weight: Optional per-example weights. Defaults to ones.
+            global_weight: Optional sum of `weight` over the global batch,
+                when known: saves a collective. Defaults to `None`.
 
         Returns:
             This replica's share of the generator loss.
@@ -208,12 +216,19 @@ class GAN(CTLModel):
         with tf.GradientTape() as tape:
             predictions = self.discriminator(self.generator(latents))
             loss = self._mean_loss(
-                misleading_labels, predictions, weight, self.generator
+                misleading_labels, predictions, weight, self.generator, global_weight
             )
         blocks.minimize(loss, variables, self.g_optimizer, tape)
         return loss
 
-    def _mean_loss(self, labels, predictions, weights, model):
+    def _mean_loss(
+        self, labels, predictions, weights, model, global_weight=None, copies=1.0
+    ):
+        """This replica's share of the weighted mean loss (+ regularization).
+
+        `global_weight` is the global sum of the real batch's weights, and
+        `weights` holds `copies` of them (real and generated images).
+        """
         # Layer losses first: a later all-reduce may swap them (replica threads).
         regularization = blocks.scaled_regularization_loss(model.losses)
         predictions = tf.cast(predictions, "float32")
@@ -221,7 +236,12 @@ class GAN(CTLModel):
             per_example = self.loss_fn.call(labels, predictions)
         else:
             per_example = self.loss_fn(labels, predictions)
-        return blocks.global_mean(per_example, weights) + regularization
+        if global_weight is not None and per_example.shape.rank == 1:
+            global_weight = global_weight * copies  # one weight per example
+        else:
+            global_weight = None
+        mean = blocks.global_mean(per_example, weights, global_weight=global_weight)
+        return mean + regularization
 
     def _latents(self, latents, index, real):
         if latents is not None:

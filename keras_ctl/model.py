@@ -183,8 +183,27 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         compiled = self._test_pass(data, batch_size) if self._test_pass else None
         if compiled is not None:
             y_pred, loss, shares, _ = compiled
-        else:
-            y_pred, loss, shares = self._forward(x, y, sample_weight, batch_size, False)
+            return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
+        y_pred = self(x, training=False)
+        # Without gradients, the loss tracker can often do without the
+        # count's collective (the logs' one collective gives it exactly).
+        evaluation = None
+        if self._uses_default_loss():
+            evaluation = forward.evaluation_loss(
+                self, y, y_pred, sample_weight, batch_size
+            )
+        if evaluation is None:
+            evaluation = forward.loss_of(
+                self,
+                x,
+                y,
+                y_pred,
+                sample_weight,
+                batch_size,
+                False,
+                self._uses_default_loss(),
+            )
+        loss, shares = evaluation
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def compute_loss(

@@ -14,6 +14,9 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import num_replicas
+
 
 class ReplicaSum(NamedTuple):
     """A step output that is summed across replicas.
@@ -61,64 +64,127 @@ class Synchronized(NamedTuple):
     value: Any
 
 
-def reduce_step_outputs(outputs, strategy, read_metrics=None):
-    """Reduces the outputs of `strategy.run(step)` to one value each.
+def all_reduce_logs(outputs, metrics=()):
+    """Reduces a step's outputs across replicas, in one all-reduce.
+
+    Call it in replica context, at the end of the step: every replica gets
+    the same, exact logs. All the sums the logs need go into one collective
+    per dtype (one in practice), however many values and metrics there are;
+    each collective is a round trip between workers.
 
     Every outcome, leaf by leaf:
 
     - `ReplicaSum(v)`: the sum of `v` over replicas.
     - `ExampleMean(total, count)`: `sum(total) / sum(count)` over replicas
       (0 when the count is 0), as float32.
-    - `Synchronized(v)`: the first replica's `v`.
+    - `Synchronized(v)`: this replica's `v`.
     - dicts, lists and tuples: reduced item by item.
-    - any other value on one replica: the value itself.
     - compatibility glue for keras.io steps that return
       `{m.name: m.result() for m in self.metrics}`: an untyped value at the
-      top of a dict whose name `read_metrics` knows is replaced by that
-      metric's result read in cross-replica context (its on-read variables
-      summed over replicas: exact).
-    - any other untyped value under several replicas: its mean over
-      replicas, as Keras does. Wrap it in a type to make it exact.
+      top of a dict named after one of `metrics` (or after a result of a
+      metric whose `result()` is a dict, like `compile_metrics`) is replaced
+      by that metric's result computed from its state variables summed over
+      replicas (`Metric.stateless_result`): exact.
+    - any other untyped value: its mean over replicas, as Keras does. Wrap
+      it in a type to make it exact.
+    - on one replica, every value as the step computed it (typed values
+      unwrapped).
 
     Args:
         outputs: A nest (dicts, lists, tuples) of step outputs.
-        strategy: The `tf.distribute.Strategy` the step ran under.
-        read_metrics: Optional `read_metrics(names)`, called in
-            cross-replica context: `{name: exact value}` for the names that
-            are model metrics. Defaults to `None` (no metric is re-read).
+        metrics: The model's metrics, whose state the step has updated.
+            Defaults to `()` (no metric is re-read).
 
     Returns:
         The same nest with every leaf reduced to one tensor.
     """
-    one_replica = strategy.num_replicas_in_sync == 1
+    batch = _SumBatch()
+    replicas = num_replicas()
+    one_replica = replicas == 1
 
-    def total(value):
-        return strategy.reduce("SUM", value, axis=None)
-
-    def reduce(value):
+    def plan(value):
+        """Returns `finish(sums) -> value` for one leaf."""
         if isinstance(value, ReplicaSum):
-            return total(value.value)
+            return batch.add(value.value)
         if isinstance(value, ExampleMean):
-            count = tf.cast(total(value.count), tf.float32)
-            return tf.math.divide_no_nan(tf.cast(total(value.total), tf.float32), count)
+            total, count = batch.add(value.total), batch.add(value.count)
+            return lambda sums: tf.math.divide_no_nan(
+                tf.cast(total(sums), tf.float32), tf.cast(count(sums), tf.float32)
+            )
         if isinstance(value, Synchronized):
-            return strategy.experimental_local_results(value.value)[0]
+            return lambda sums: value.value
         if isinstance(value, dict):
-            return {key: reduce(item) for key, item in value.items()}
+            parts = {key: plan(item) for key, item in value.items()}
+            return lambda sums: {key: part(sums) for key, part in parts.items()}
         if isinstance(value, (list, tuple)):
-            return type(value)(reduce(item) for item in value)
+            parts = [plan(item) for item in value]
+            return lambda sums: type(value)(part(sums) for part in parts)
         if one_replica:
-            return strategy.experimental_local_results(value)[0]
-        return strategy.reduce("MEAN", value, axis=None)
+            return lambda sums: value
+        total = batch.add(value)
+        return lambda sums: total(sums) / replicas
 
-    if one_replica or read_metrics is None or not isinstance(outputs, dict):
-        return reduce(outputs)
-    untyped = [name for name, value in outputs.items() if not _is_typed(value)]
-    exact = read_metrics(untyped) if untyped else {}
-    return {
-        name: exact[name] if name in exact else reduce(value)
+    if one_replica or not metrics or not isinstance(outputs, dict):
+        finish = plan(outputs)
+        return finish(batch.all_reduce())
+    by_name = _metric_results(outputs, metrics, batch)
+    parts = {
+        name: by_name[name] if name in by_name else plan(value)
         for name, value in outputs.items()
     }
+    sums = batch.all_reduce()
+    return {name: part(sums) for name, part in parts.items()}
+
+
+def _metric_results(outputs, metrics, batch):
+    """`{name: finish(sums)}` for the untyped outputs named after metrics."""
+    wanted = {name for name, value in outputs.items() if not _is_typed(value)}
+    finishers = {}
+    for metric in metrics:
+        if not wanted:
+            break
+        if metric.name not in wanted and not isinstance(metric.result(), dict):
+            continue
+        state = [batch.add(variable.value) for variable in metric.variables]
+
+        def result(sums, metric=metric, state=state):
+            return metric.stateless_result([part(sums) for part in state])
+
+        if metric.name in wanted:
+            finishers[metric.name] = result
+            wanted.discard(metric.name)
+            continue
+        for name in set(metric.result()) & wanted:
+            finishers[name] = lambda sums, name=name, result=result: result(sums)[name]
+            wanted.discard(name)
+    return finishers
+
+
+class _SumBatch:
+    """Values to sum across replicas, packed into one all-reduce per dtype."""
+
+    def __init__(self):
+        self._parts = {}  # dtype -> list of flat tensors
+
+    def add(self, value):
+        """Queues `value`; returns `get(sums)`, its sum over replicas."""
+        value = tf.convert_to_tensor(value)
+        dtype, shape = value.dtype, tf.shape(value)
+        if not dtype.is_floating:
+            value = tf.cast(value, tf.float32)
+        parts = self._parts.setdefault(value.dtype, [])
+        parts.append(tf.reshape(value, [-1]))
+        key, index = value.dtype, len(parts) - 1
+        return lambda sums: tf.cast(tf.reshape(sums[key][index], shape), dtype)
+
+    def all_reduce(self):
+        """Returns `{dtype: [summed parts]}`: one all-reduce per dtype."""
+        sums = {}
+        for dtype, parts in self._parts.items():
+            sizes = [tf.shape(part)[0] for part in parts]
+            summed = all_reduce_sum(tf.concat(parts, axis=0))
+            sums[dtype] = tf.split(summed, tf.stack(sizes), num=len(parts))
+        return sums
 
 
 def _is_typed(value):

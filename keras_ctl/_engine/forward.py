@@ -51,13 +51,62 @@ def forward_and_loss(
         global_batch: The all-reduced batch size, when known already (XLA).
     """
     y_pred = model(x, training=training)
-    if not uses_default_loss:
-        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
-        return y_pred, loss, loss_module.count_only_shares(batch_size)
-    loss, shares = default_loss_share(
-        model, y, y_pred, sample_weight, batch_size, global_batch
+    loss, shares = loss_of(
+        model,
+        x,
+        y,
+        y_pred,
+        sample_weight,
+        batch_size,
+        training,
+        uses_default_loss,
+        global_batch,
     )
     return y_pred, loss, shares
+
+
+def loss_of(
+    model,
+    x,
+    y,
+    y_pred,
+    sample_weight,
+    batch_size,
+    training,
+    uses_default_loss,
+    global_batch=None,
+):
+    """Returns `(loss share, LossShares)` of predictions `y_pred` (see
+    `forward_and_loss`)."""
+    if not uses_default_loss:
+        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
+        return loss, loss_module.count_only_shares(batch_size)
+    return default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch)
+
+
+def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
+    """`(loss, LossShares)` for the loss tracker of `evaluate()`, without a
+    collective, or `None` when the loss needs the global count.
+
+    The loss tracker then gets `loss x global_batch_size` with
+    `global_batch_size` 1 (see `loss.loss_times_examples`). Needs the
+    compiled loss alone (a user's `compute_loss` returns a share), and one
+    output: per-output losses are logged as means over steps, which need
+    each step's global count.
+    """
+    compile_loss = _keras.compile_loss(model)
+    if compile_loss is None or _keras.per_output_loss_trackers(compile_loss):
+        return None
+    try:
+        total = loss_module.loss_times_examples(
+            compile_loss, y, y_pred, sample_weight, batch_size
+        )
+    except loss_module.NeedsCountAllReduce:
+        return None
+    local_batch = tf.cast(batch_size, tf.float32)
+    # Regularization counts once per example of the batch, as on one device.
+    total += blocks.regularization_total(model.losses) * local_batch
+    return total, loss_module.LossShares(total, [], tf.ones(()), local_batch)
 
 
 def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch=None):

@@ -5,8 +5,9 @@ The loop, for each call of the train (or test) function by `fit()`:
 
     resume plan?  skip the batches a killed run trained on, or end the epoch
     repeat up to steps_per_execution times, while the data lasts:
-        outputs = strategy.run(step, next batch)     # on every replica
-        logs = reduce_step_outputs(outputs)          # once, across replicas
+        on every replica (strategy.run):
+            outputs = step(next batch)
+            logs = all_reduce_logs(outputs)   # one collective for all logs
     return the last logs
 
 Running out of data is handled in one place: `get_next_as_optional` inside
@@ -15,8 +16,10 @@ the loop (Keras's epoch iterator ends the epoch for the first batch).
 Keras 3.15 reduces every logged value with a mean over replicas (on
 per-replica metric results, a mean of means) and, under
 `MultiWorkerMirroredStrategy`, calls `strategy.reduce("MEAN", scalar,
-axis=0)`, which fails. Here every output follows
-`keras_ctl.outputs.reduce_step_outputs`.
+axis=0)`, which fails; reading metric results in cross-replica context
+costs one collective per metric variable. Here every output follows
+`keras_ctl.outputs.all_reduce_logs`, inside the replica step: one
+collective for all the logs.
 """
 
 import tensorflow as tf
@@ -33,15 +36,21 @@ def make_step_function(model, step, plan, resumable=False):
     train function) follows the model's `ResumePlan` when it has one.
     """
     strategy = model.distribute_strategy
-    read_metrics = _metric_reader(model, strategy)
 
     def replica_step(data):
-        return step(_optionals_to_none(data))
+        outputs = step(_optionals_to_none(data))
+        # The logs' collective comes after the updates' (collective order
+        # must be the same on every replica).
+        with tf.control_dependencies(_updates_done(model)):
+            return outputs_module.all_reduce_logs(outputs, model.metrics)
 
     @tf.autograph.experimental.do_not_convert
     def one_step(data):
-        outputs = strategy.run(replica_step, args=(data,))
-        return outputs_module.reduce_step_outputs(outputs, strategy, read_metrics)
+        logs = strategy.run(replica_step, args=(data,))
+        # Every replica holds the same logs.
+        return tf.nest.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0], logs
+        )
 
     if plan.xla == "whole_step":
         one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
@@ -77,7 +86,7 @@ def make_step_function(model, step, plan, resumable=False):
     if not plan.run_eagerly:
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
 
-    def function(iterator):
+    def call(iterator):
         resume = model._resume_plan if resumable else None
         if resume is not None:
             if resume.finished:
@@ -91,7 +100,27 @@ def make_step_function(model, step, plan, resumable=False):
             logs = one_step(data)
         return logs
 
-    return function
+    return StepFunction(call, multi_step)
+
+
+class StepFunction:
+    """The train or test function: `function(iterator) -> logs`.
+
+    `graphs()` lists the graphs traced so far, for counting what a step does
+    (`keras_ctl.cli.bench` counts its collectives).
+    """
+
+    def __init__(self, call, traced):
+        self._call = call
+        self._traced = traced
+
+    def __call__(self, iterator):
+        return self._call(iterator)
+
+    def graphs(self):
+        if not isinstance(self._traced, _ConcreteDispatch):
+            return []  # run eagerly
+        return [concrete.graph for concrete in self._traced.concrete.values()]
 
 
 class _ConcreteDispatch:
@@ -164,27 +193,13 @@ def _gather_batch(value, strategy):
     return strategy.gather(value, axis=0)
 
 
-def _metric_reader(model, strategy):
-    """`read_metrics(names)` for `reduce_step_outputs`: the exact results of
-    the model metrics among `names`, by a metric's name or by a name
-    `get_metrics_result()` flattens it to (`compile_metrics` is one metric
-    holding several results)."""
-
-    def read_metrics(names):
-        exact = {}
-        with strategy.scope():
-            by_name = {metric.name: metric for metric in model.metrics}
-            flat = None
-            for name in names:
-                if name in by_name:
-                    exact[name] = by_name[name].result()
-                    continue
-                flat = model.get_metrics_result() if flat is None else flat
-                if name in flat:
-                    exact[name] = flat[name]
-        return exact
-
-    return read_metrics
+def _updates_done(model):
+    """Reads of each optimizer's `iterations`: after its update ran."""
+    return [
+        tf.identity(optimizer.iterations)
+        for optimizer, _ in model.optimizers_and_variables()
+        if optimizer is not None
+    ]
 
 
 def _optionals_to_none(data):

@@ -75,17 +75,7 @@ def compiled_loss_shares(
         NeedsCountAllReduce: if `global_batch_size` is given but a
             denominator depends on masks or sample-weight sums.
     """
-    y, y_pred = _align_structures(compile_loss, y, y_pred)
-    terms, names, loss_weights = [], [], []
-    for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
-        weight = sample_weight
-        if sample_weight is not None and tree.is_nested(sample_weight):
-            weight = _resolve(path, sample_weight)
-        terms.append(
-            _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
-        )
-        names.append(name)
-        loss_weights.append(loss_weight)
+    terms, names, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
     local_batch = tf.cast(batch_size, tf.float32)
     sums = [term.loss_sum for term in terms]
     if global_batch_size is None:
@@ -118,6 +108,46 @@ def compiled_loss_shares(
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
+
+
+def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
+    """This replica's part of `batch loss x batch size`, with no collective.
+
+    One device adds each batch's loss to its `loss` tracker weighted by the
+    batch size. For a loss divided by a fixed count per example, the global
+    batch size in that division cancels with the weight, so each replica can
+    add its part alone: the loss sums divided by elements per example.
+
+    Raises:
+        NeedsCountAllReduce: for a denominator that depends on masks or
+            sample-weight sums, or a `sum` reduction (not divided at all).
+    """
+    terms, _, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
+    if any(term.per_example is None for term in terms):
+        raise NeedsCountAllReduce()
+    # A replica padded with a placeholder example contributes nothing.
+    has_examples = tf.cast(batch_size > 0, tf.float32)
+    total = tf.zeros((), tf.float32)
+    for term, loss_weight in zip(terms, loss_weights):
+        part = term.loss_sum * has_examples / term.per_example
+        total += part if loss_weight is None else part * loss_weight
+    return total
+
+
+def _terms(compile_loss, y, y_pred, sample_weight):
+    """`(terms, names, loss_weights)`: one `_Term` per output with a loss."""
+    y, y_pred = _align_structures(compile_loss, y, y_pred)
+    terms, names, loss_weights = [], [], []
+    for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
+        weight = sample_weight
+        if sample_weight is not None and tree.is_nested(sample_weight):
+            weight = _resolve(path, sample_weight)
+        terms.append(
+            _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
+        )
+        names.append(name)
+        loss_weights.append(loss_weight)
+    return terms, names, loss_weights
 
 
 def count_only_shares(batch_size):

@@ -39,18 +39,12 @@ import tensorflow as tf
 
 from keras_ctl import blocks
 from keras_ctl import strategies
+from keras_ctl.demos import models
 from keras_ctl.demos import plots
 from keras_ctl.model import CTLModel
 from keras_ctl.outputs import ReplicaSum
 
 BATCH = 64
-
-
-def mlp(model_class):
-    inputs = keras.Input((784,))
-    x = keras.layers.Dense(64, activation="relu")(inputs)
-    x = keras.layers.Dense(64, activation="relu")(x)
-    return model_class(inputs, keras.layers.Dense(10)(x))
 
 
 def cnn(model_class):
@@ -64,6 +58,7 @@ def cnn(model_class):
     return model_class(inputs, keras.layers.Dense(10)(x))
 
 
+mlp = models.guide_mlp
 MODELS = {"mlp": (mlp, (784,)), "cnn": (cnn, (28, 28, 1))}
 
 

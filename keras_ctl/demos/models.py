@@ -21,6 +21,15 @@ def tutorial_cnn(input_shape, num_classes=10, model_class=CTLModel):
     return model_class(inputs, keras.layers.Dense(num_classes)(x))
 
 
+def guide_mlp(model_class=CTLModel):
+    """The MLP of the Keras guide "Writing a training loop from scratch"
+    (784-64-64-10, logits)."""
+    inputs = keras.Input((784,))
+    x = keras.layers.Dense(64, activation="relu")(inputs)
+    x = keras.layers.Dense(64, activation="relu")(x)
+    return model_class(inputs, keras.layers.Dense(10)(x))
+
+
 def gan_models(image_shape, latent_dim):
     """A small DCGAN `(discriminator, generator)` for `image_shape` images
     whose height and width are even (8x8 digits, 28x28 MNIST).

@@ -1,5 +1,6 @@
 """Step outputs, the step plan, the resume plan and the version check."""
 
+import keras
 import pytest
 import strategies
 import tensorflow as tf
@@ -9,18 +10,30 @@ import keras_ctl
 from keras_ctl import _compat
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.resume import ResumePlan
-from keras_ctl.outputs import reduce_step_outputs
+from keras_ctl.outputs import all_reduce_logs
 
 
-def reduced(outputs_fn, read_metrics=None):
+def reduced(outputs_fn, metrics=()):
     strategy = strategies.get("mirrored")
 
     @tf.function
     def run():
-        outputs = strategy.run(outputs_fn)
-        return reduce_step_outputs(outputs, strategy, read_metrics)
+        logs = strategy.run(lambda: all_reduce_logs(outputs_fn(), metrics))
+        return tf.nest.map_structure(
+            lambda value: tf.stack(strategy.experimental_local_results(value)), logs
+        )
 
-    return tf.nest.map_structure(lambda t: t.numpy().tolist(), run())
+    return tf.nest.map_structure(lambda t: t.numpy(), run())
+
+
+def first(per_replica):
+    """The first replica's logs, after checking every replica has the same."""
+
+    def check(values):
+        assert (values[0] == values[1]).all()
+        return values[0].tolist()
+
+    return tf.nest.map_structure(check, per_replica)
 
 
 def replica_id():
@@ -37,39 +50,42 @@ def test_every_output_type_reduces_as_documented():
             "example_mean": keras_ctl.ExampleMean(r * 4.0, r + 1.0),  # 4 / 3
             "synchronized": keras_ctl.Synchronized(r * 0.0 + 7.0),
             "untyped": r * 2.0,  # mean of 0 and 2
-            "nested": [keras_ctl.ReplicaSum(r), (keras_ctl.ReplicaSum(r * 0.0 + 1.0),)],
+            "nested": [keras_ctl.ReplicaSum(r), (keras_ctl.ReplicaSum(r * 0 + 1.0),)],
+            "vector": keras_ctl.ReplicaSum(tf.stack([r, 2 * r])),
         }
 
-    logs = reduced(step)
-    assert logs["sum"] == 3.0
+    logs = first(reduced(step))
     assert logs["example_mean"] == pytest.approx(4.0 / 3.0)
     assert logs["synchronized"] == 7.0
     assert logs["untyped"] == 1.0
     assert logs["nested"] == [1.0, (2.0,)]
+    assert logs["vector"] == [1.0, 2.0]
 
 
 def test_example_mean_of_no_examples_is_zero():
-    logs = reduced(lambda: {"m": keras_ctl.ExampleMean(replica_id(), replica_id() * 0)})
+    logs = first(
+        reduced(lambda: {"m": keras_ctl.ExampleMean(replica_id(), replica_id() * 0)})
+    )
     assert logs["m"] == 0.0
 
 
 def test_untyped_values_named_like_metrics_are_read_exactly():
-    asked = []
-
-    def read_metrics(names):
-        asked.extend(names)
-        return {"accuracy": tf.constant(0.25)}
+    with strategies.get("mirrored").scope():
+        accuracy = keras.metrics.Mean(name="accuracy")
 
     def step():
+        r = replica_id()
+        # Replica 0 sees 3 examples of value 1, replica 1 one example of 5.
+        accuracy.update_state(tf.fill([tf.cast(3 - 2 * r, "int32")], 1.0 + 4.0 * r))
         return {
-            "accuracy": replica_id(),
-            "other": replica_id(),
-            "typed": keras_ctl.ReplicaSum(replica_id() * 0.0 + 1.0),
+            "accuracy": accuracy.result(),  # a per-replica mean: 1 and 5
+            "other": r,
+            "typed": keras_ctl.ReplicaSum(r * 0.0 + 1.0),
         }
 
-    logs = reduced(step, read_metrics)
-    assert logs == {"accuracy": 0.25, "other": 0.5, "typed": 2.0}
-    assert sorted(asked) == ["accuracy", "other"]  # typed values are not asked
+    logs = first(reduced(step, [accuracy]))
+    # One device: (1 + 1 + 1 + 5) / 4, not the mean of the replicas' means.
+    assert logs == {"accuracy": 2.0, "other": 0.5, "typed": 2.0}
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,175 @@
+"""Collectives per training step, counted in the traced step graphs.
+
+Each collective is a round trip between workers, so on a cluster their
+number per step, not the arithmetic, sets the pace of a small model. Timing
+worker processes on a 2-core machine cannot tell 5 % apart; this count is
+deterministic. Run it as 2 or more workers (MultiWorkerMirroredStrategy):
+
+    keras-ctl launch --workers 2 -- python -m keras_ctl.cli.collectives OUT.json
+
+The chief writes `{candidate: collectives per step}` to OUT.json, for:
+`CTLModel.fit` (with and without an accuracy metric), `CTLModel.evaluate`
+and `GAN.fit` (`d_steps=1`), and the hand-written loops they replace, each
+taking its batch from the distributed iterator inside its step function as
+`fit()` does (the iterator's own "has data" all-reduce counts for both).
+"""
+
+import json
+import sys
+
+BATCH = 64
+STEPS = 4
+
+
+def count(graphs):
+    """Collective ops in `graphs` and the functions they call (one trace)."""
+    total = 0
+    for graph in graphs[:1]:
+        graph_def = graph.as_graph_def()
+        nodes = list(graph_def.node)
+        nodes += [node for f in graph_def.library.function for node in f.node_def]
+        total += sum(node.op.startswith("Collective") for node in nodes)
+    return total
+
+
+def measure(strategy):
+    """`{candidate: collectives per step}` under `strategy`."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_ctl.demos import models
+
+    rng = np.random.default_rng(0)
+    x = rng.random((STEPS * BATCH, 784), dtype=np.float32)
+    y = rng.integers(0, 10, STEPS * BATCH).astype("int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    counts = {}
+    for metrics in (["accuracy"], None):
+        with strategy.scope():
+            model = models.guide_mlp()
+            model.compile(optimizer="adam", loss=loss, metrics=metrics)
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        model.evaluate(x, y, batch_size=BATCH, verbose=0)
+        name = "CTLModel.{}" + (", accuracy" if metrics else "")
+        counts[name.format("fit")] = count(model.train_function.graphs())
+        counts[name.format("evaluate")] = count(model.test_function.graphs())
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    train, evaluate = _hand_loop(strategy)
+    counts["hand loop train step, accuracy"] = _count_hand(train, strategy, dataset)
+    counts["hand loop eval step, accuracy"] = _count_hand(evaluate, strategy, dataset)
+    images = rng.random((STEPS * BATCH, 8, 8, 1), dtype=np.float32)
+    with strategy.scope():
+        gan = models.gan((8, 8, 1), latent_dim=8, seed=0)
+    gan.fit(images, batch_size=BATCH, epochs=1, verbose=0)
+    counts["GAN.fit"] = count(gan.train_function.graphs())
+    with strategy.scope():
+        hand_gan = models.gan((8, 8, 1), latent_dim=8, seed=0)
+    images = tf.data.Dataset.from_tensor_slices(images).batch(BATCH)
+    counts["hand GAN step"] = _count_hand(
+        _hand_gan(hand_gan, strategy), strategy, images
+    )
+    return counts
+
+
+def _count_hand(step, strategy, dataset):
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    step(iterator)
+    return count([step.get_concrete_function(iterator).graph])
+
+
+def _hand_loop(strategy):
+    """The TensorFlow tutorial's train and test steps, MLP, accuracy."""
+    import keras
+    import tensorflow as tf
+
+    from keras_ctl.demos import models
+
+    with strategy.scope():
+        model = models.guide_mlp(keras.Model)
+        optimizer = keras.optimizers.Adam()
+        optimizer.build(model.trainable_weights)
+        train_accuracy = keras.metrics.SparseCategoricalAccuracy()
+        test_accuracy = keras.metrics.SparseCategoricalAccuracy()
+        test_loss = keras.metrics.Mean()
+
+    def per_example(y, logits):
+        return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            loss = tf.nn.compute_average_loss(
+                per_example(y, logits), global_batch_size=BATCH
+            )
+        gradients = tape.gradient(loss, model.trainable_weights)
+        optimizer.apply_gradients(zip(gradients, model.trainable_weights))
+        train_accuracy.update_state(y, logits)
+        return loss
+
+    def test_step(x, y):
+        logits = model(x, training=False)
+        test_loss.update_state(per_example(y, logits))
+        test_accuracy.update_state(y, logits)
+
+    @tf.function
+    def distributed_train_step(iterator):
+        losses = strategy.run(train_step, args=next(iterator))
+        return strategy.reduce("SUM", losses, axis=None)
+
+    @tf.function
+    def distributed_test_step(iterator):
+        strategy.run(test_step, args=next(iterator))
+
+    return distributed_train_step, distributed_test_step
+
+
+def _hand_gan(gan, strategy):
+    """The Keras guide's GAN step as a hand loop: both losses reduced in one
+    collective."""
+    import keras
+    import tensorflow as tf
+
+    bce = keras.losses.BinaryCrossentropy(from_logits=True, reduction=None)
+
+    def mean(per_example):
+        return tf.nn.compute_average_loss(per_example, global_batch_size=2 * BATCH)
+
+    def step(real):
+        n = tf.shape(real)[0]
+        latents = tf.random.normal((n, gan.latent_dim))
+        with tf.GradientTape() as tape:
+            combined = tf.concat([gan.generator(latents), real], axis=0)
+            labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], axis=0)
+            d_loss = mean(bce(labels, gan.discriminator(combined)))
+        d_vars = gan.discriminator.trainable_weights
+        gan.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, d_vars), d_vars))
+        with tf.GradientTape() as tape:
+            predictions = gan.discriminator(gan.generator(latents))
+            g_loss = mean(bce(tf.zeros((n, 1)), predictions)) * 2.0
+        g_vars = gan.generator.trainable_weights
+        gan.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, g_vars), g_vars))
+        return tf.stack([d_loss, g_loss])
+
+    @tf.function
+    def distributed_step(iterator):
+        losses = strategy.run(step, args=(next(iterator),))
+        return strategy.reduce("SUM", losses, axis=None)
+
+    return distributed_step
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    from keras_ctl import strategies
+
+    strategy = strategies.multi_worker_strategy()  # first: reads TF_CONFIG
+    counts = measure(strategy)
+    if strategies.is_chief(strategy):
+        with open(argv[0], "w") as f:
+            json.dump(counts, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
