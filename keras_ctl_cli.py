@@ -63,6 +63,12 @@ def add_bench_arguments(parser):
         "--models", type=_list_of(str, ("mlp", "cnn")), default=["mlp", "cnn"]
     )
     parser.add_argument("--replicas", type=_list_of(int, (1, 2)), default=[1, 2])
+    parser.add_argument(
+        "--workers",
+        type=_list_of(int, (2, 3, 4)),
+        default=[2],
+        help="worker processes for the collectives-per-step table",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50, help="steps per epoch")
     parser.add_argument(

@@ -17,14 +17,20 @@ two custom steps that differ only in the loss denominator,
 `keras_ctl.global_mean` (all-reduced every step) and
 `tf.nn.compute_average_loss(..., global_batch_size=64)` (a constant).
 
+Last, the collectives per step (round trips between workers) of
+`CTLModel.fit`, `evaluate` and `GAN.fit` against the hand-written loops,
+counted in the traced step graphs under `--workers` local worker processes
+(`keras_ctl.cli.collectives`): deterministic where timings of several
+worker processes on a few cores are not.
+
 These machines are noisy, so the candidates of one configuration are
 interleaved within each round (one epoch each, after a warm-up epoch that
 traces and compiles), the rounds are repeated, and the tables quote median
 steps/s and the median of the per-round ratios.
 
 Usage:
-    keras-ctl bench [--models mlp,cnn] [--replicas 1,2] [--rounds 5]
-                    [--steps 50] [--out DIR]
+    keras-ctl bench [--models mlp,cnn] [--replicas 1,2] [--workers 2,4]
+                    [--rounds 5] [--steps 50] [--out DIR]
 """
 
 import os
@@ -271,7 +277,59 @@ def format_all_reduce_row(row):
     )
 
 
-def write_report(args, fit_rows, all_reduce_rows):
+def measure_collectives(workers):
+    """Collectives per step under `workers` local worker processes."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "counts.json")
+        python = [sys.executable, "-m"]
+        subprocess.run(
+            [
+                *python,
+                "keras_ctl.launch",
+                "--workers",
+                str(workers),
+                "--timeout",
+                "600",
+                "--",
+                *python,
+                "keras_ctl.cli.collectives",
+                out,
+            ],
+            check=True,
+            capture_output=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
+        with open(out) as f:
+            return json.load(f)
+
+
+COLLECTIVES_HEADER = (
+    "| workers | candidate | collectives per step | hand loop | CTLModel - hand "
+    "loop |\n|---|---|---|---|---|"
+)
+HAND_LOOPS = {
+    "CTLModel.fit, accuracy": "hand loop train step, accuracy",
+    "CTLModel.fit": "hand loop train step, accuracy",
+    "CTLModel.evaluate, accuracy": "hand loop eval step, accuracy",
+    "CTLModel.evaluate": "hand loop eval step, accuracy",
+    "GAN.fit": "hand GAN step",
+}
+
+
+def format_collectives_rows(workers, counts):
+    return [
+        f"| {workers} | {name} | {counts[name]} | {counts[loop]} | "
+        f"{counts[name] - counts[loop]:+d} |"
+        for name, loop in HAND_LOOPS.items()
+    ]
+
+
+def write_report(args, fit_rows, all_reduce_rows, collective_rows=()):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
@@ -279,6 +337,8 @@ def write_report(args, fit_rows, all_reduce_rows):
     if all_reduce_rows:
         parts += ["", ALL_REDUCE_HEADER]
         parts += [format_all_reduce_row(row) for row in all_reduce_rows]
+    if collective_rows:
+        parts += ["", COLLECTIVES_HEADER, *collective_rows]
     parts.append(
         f"\n{device}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"TensorFlow {tf.__version__}, Keras {keras.__version__}; global batch "
@@ -301,7 +361,13 @@ def run(args):
     if 2 in args.replicas:
         print("\n" + ALL_REDUCE_HEADER, flush=True)
         all_reduce_rows = measure_all_reduce(args, strategy_for[2])
-    out = write_report(args, fit_rows, all_reduce_rows)
+    print("\n" + COLLECTIVES_HEADER, flush=True)
+    collective_rows = []
+    for workers in args.workers:
+        rows = format_collectives_rows(workers, measure_collectives(workers))
+        print("\n".join(rows), flush=True)
+        collective_rows += rows
+    out = write_report(args, fit_rows, all_reduce_rows, collective_rows)
     print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
 
