@@ -25,6 +25,8 @@ for name in names:
         results[name] = cases.run_gan(strategy)
     elif name == "dataset_data_policy":
         results[name] = cases.run_dataset("uneven", strategy, "DATA")
+    elif name == "uneven_spe4":  # logs reduced once per execution
+        results[name] = cases.run("uneven", strategy=strategy, steps_per_execution=4)
     elif name == "predict":
         results[name] = cases.run_predict(strategy)
     else:

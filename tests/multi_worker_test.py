@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [
     "uneven",
+    "uneven_spe4",
     "empty_replica",
     "multi_output",
     "gan",
@@ -50,7 +51,7 @@ def worker_results(tmp_path_factory):
 def reference(name):
     if name == "gan":
         return cases.run_gan()
-    if name == "dataset_data_policy":
+    if name in ("dataset_data_policy", "uneven_spe4"):
         return cases.run("uneven", model_class=keras.Model)
     if name == "predict":
         keras.utils.set_random_seed(0)

@@ -5,10 +5,12 @@ The loop, for each call of the train (or test) function by `fit()`:
 
     resume plan?  skip the batches a killed run trained on, or end the epoch
     repeat up to steps_per_execution times, while the data lasts:
-        on every replica (strategy.run):
-            outputs = step(next batch)
-            logs = all_reduce_logs(outputs)   # one collective for all logs
-    return the last logs
+        outputs = step(next batch)            # on every replica
+    logs = all_reduce_logs(last outputs)      # on every replica, one collective
+    return logs
+
+Keras calls callbacks once per execution, with its last logs, so the logs
+are reduced once per execution too.
 
 Running out of data is handled in one place: `get_next_as_optional` inside
 the loop (Keras's epoch iterator ends the epoch for the first batch).
@@ -37,51 +39,58 @@ def make_step_function(model, step, plan, resumable=False):
     """
     strategy = model.distribute_strategy
 
-    def replica_step(data):
-        outputs = step(_optionals_to_none(data))
+    @tf.autograph.experimental.do_not_convert
+    def run_step(data):
+        """The step on every replica; returns each replica's own outputs."""
+        return strategy.run(lambda data: step(_optionals_to_none(data)), args=(data,))
+
+    def replica_logs(outputs):
         # The logs' collective comes after the updates' (collective order
         # must be the same on every replica).
         with tf.control_dependencies(_updates_done(model)):
             return outputs_module.all_reduce_logs(outputs, model.metrics)
 
     @tf.autograph.experimental.do_not_convert
-    def one_step(data):
-        logs = strategy.run(replica_step, args=(data,))
+    def reduce_logs(outputs):
+        logs = strategy.run(replica_logs, args=(outputs,))
         # Every replica holds the same logs.
         return tf.nest.map_structure(
             lambda value: strategy.experimental_local_results(value)[0], logs
         )
 
     if plan.xla == "whole_step":
-        one_step = tf.function(one_step, jit_compile=True, reduce_retracing=True)
+        run_step = tf.function(run_step, jit_compile=True, reduce_retracing=True)
+
+    def one_step(data):
+        return reduce_logs(run_step(data))
 
     steps = plan.steps_per_execution
 
     @tf.autograph.experimental.do_not_convert
     def multi_step(iterator):
-        logs = one_step(iterator.get_next())
         if steps == 1:
-            return logs
+            return one_step(iterator.get_next())
+        outputs = run_step(iterator.get_next())
 
-        def keep_going(i, logs, next_data):
+        def keep_going(i, outputs, next_data):
             return tf.logical_and(i < steps, next_data.has_value())
 
-        def body(i, logs, next_data):
-            logs = one_step(next_data.get_value())
+        def body(i, outputs, next_data):
+            outputs = run_step(next_data.get_value())
             # Do not consume a batch that this execution will not run.
             next_data = tf.cond(
                 i + 1 < steps,
                 iterator.get_next_as_optional,
                 lambda: next_data,
             )
-            return i + 1, logs, next_data
+            return i + 1, outputs, next_data
 
-        _, logs, _ = tf.while_loop(
+        _, outputs, _ = tf.while_loop(
             keep_going,
             body,
-            (tf.constant(1), logs, iterator.get_next_as_optional()),
+            (tf.constant(1), outputs, iterator.get_next_as_optional()),
         )
-        return logs
+        return reduce_logs(outputs)
 
     if not plan.run_eagerly:
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
