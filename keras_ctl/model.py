@@ -193,15 +193,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 self, y, y_pred, sample_weight, batch_size
             )
         if evaluation is None:
-            evaluation = forward.loss_of(
-                self,
-                x,
-                y,
-                y_pred,
-                sample_weight,
-                batch_size,
-                False,
-                self._uses_default_loss(),
+            _, *evaluation = self._forward(
+                x, y, sample_weight, batch_size, False, y_pred=y_pred
             )
         loss, shares = evaluation
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
@@ -255,9 +248,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         function = loop.make_step_function(self, step, plan, resumable=training)
         return compiled_pass, function
 
-    def _forward(self, x, y, sample_weight, batch_size, training):
+    def _forward(self, x, y, sample_weight, batch_size, training, y_pred=None):
         return forward.forward_and_loss(
-            self, x, y, sample_weight, batch_size, training, self._uses_default_loss()
+            self,
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            training,
+            self._uses_default_loss(),
+            y_pred=y_pred,
         )
 
     def _update_metrics(self, x, y, y_pred, sample_weight, loss, shares):

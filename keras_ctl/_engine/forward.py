@@ -37,6 +37,7 @@ def forward_and_loss(
     training,
     uses_default_loss,
     global_batch=None,
+    y_pred=None,
 ):
     """Returns `(y_pred, loss share, LossShares)` for one replica's batch.
 
@@ -49,39 +50,17 @@ def forward_and_loss(
             its value is then taken as this replica's share (build it with
             `keras_ctl.global_mean`).
         global_batch: The all-reduced batch size, when known already (XLA).
+        y_pred: The predictions, when the caller ran the forward pass.
     """
-    y_pred = model(x, training=training)
-    loss, shares = loss_of(
-        model,
-        x,
-        y,
-        y_pred,
-        sample_weight,
-        batch_size,
-        training,
-        uses_default_loss,
-        global_batch,
-    )
-    return y_pred, loss, shares
-
-
-def loss_of(
-    model,
-    x,
-    y,
-    y_pred,
-    sample_weight,
-    batch_size,
-    training,
-    uses_default_loss,
-    global_batch=None,
-):
-    """Returns `(loss share, LossShares)` of predictions `y_pred` (see
-    `forward_and_loss`)."""
+    if y_pred is None:
+        y_pred = model(x, training=training)
     if not uses_default_loss:
         loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
-        return loss, loss_module.count_only_shares(batch_size)
-    return default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch)
+        return y_pred, loss, loss_module.count_only_shares(batch_size)
+    loss, shares = default_loss_share(
+        model, y, y_pred, sample_weight, batch_size, global_batch
+    )
+    return y_pred, loss, shares
 
 
 def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
