@@ -37,6 +37,9 @@ def build_parser():
     train.add_argument("--batch-size", type=int, default=32, help="per replica")
     train.add_argument("--mixed-precision", action="store_true")
     train.add_argument(
+        "--seed", type=int, default=0, help="seed of the initial weights and shuffling"
+    )
+    train.add_argument(
         "--resume", action="store_true", help="continue the run in --out"
     )
 

@@ -20,6 +20,7 @@ def run(args):
 
     from keras_ctl import strategies
 
+    keras.utils.set_random_seed(args.seed)
     if args.mixed_precision:
         gpu = bool(tf.config.list_physical_devices("GPU"))
         keras.config.set_dtype_policy("mixed_float16" if gpu else "mixed_bfloat16")
