@@ -141,23 +141,39 @@ def _metric_results(outputs, metrics, batch):
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
     finishers = {}
     for metric in metrics:
-        if not wanted:
-            break
-        if metric.name not in wanted and not isinstance(metric.result(), dict):
-            continue
-        state = [batch.add(variable.value) for variable in metric.variables]
-
-        def result(sums, metric=metric, state=state):
-            return metric.stateless_result([part(sums) for part in state])
-
         if metric.name in wanted:
+            names = None  # the whole result
+        else:
+            local = metric.result()  # a dict names the results it holds
+            names = set(local) & wanted if isinstance(local, dict) else set()
+            if not names:
+                continue
+        state = [batch.add(variable.value) for variable in metric.variables]
+        result = _cached(
+            lambda sums, metric=metric, state=state: metric.stateless_result(
+                [part(sums) for part in state]
+            )
+        )
+        if names is None:
             finishers[metric.name] = result
             wanted.discard(metric.name)
             continue
-        for name in set(metric.result()) & wanted:
+        for name in names:
             finishers[name] = lambda sums, name=name, result=result: result(sums)[name]
-            wanted.discard(name)
+        wanted -= names
     return finishers
+
+
+def _cached(function):
+    """`function(sums)`, computed once for the one `sums` of a step."""
+    cache = {}
+
+    def cached(sums):
+        if "value" not in cache:
+            cache["value"] = function(sums)
+        return cache["value"]
+
+    return cached
 
 
 class _SumBatch:
