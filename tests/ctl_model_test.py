@@ -372,22 +372,58 @@ def test_labels_that_do_not_fit_the_output_name_y():
     model = functional()
     model.compile(optimizer="sgd", loss="mse")
     with pytest.raises(
-        ValueError, match=r"labels for output .* Received: y with shape \(None, 3\)"
+        ValueError, match=r"Raised by loss=.* output .* y of shape \(None, 3\)"
     ):
         model.fit(x, np.zeros((len(x), 3), "float32"), verbose=0)
 
 
-def test_a_loss_returning_a_scalar_is_rejected():
+def test_an_error_inside_a_loss_keeps_its_own_message():
     x, y = small_data()
     model = functional()
 
-    def batch_mean_loss(y_true, y_pred):
-        return keras.ops.mean(keras.ops.square(y_pred))
+    def picky_loss(y_true, y_pred):
+        raise ValueError("picky_loss wants float labels")
 
-    model.compile(optimizer="sgd", loss=batch_mean_loss)
-    with pytest.raises(
-        ValueError, match=r"one value per example.*Received: loss=.*shape \(\)"
-    ):
+    model.compile(optimizer="sgd", loss=picky_loss)
+    with pytest.raises(ValueError, match=r"(?s)picky_loss wants float labels.*Raised"):
+        model.fit(x, y, verbose=0)
+
+
+def batch_mean_loss(y_true, y_pred):
+    """A loss that reduces its batch itself: one value per replica."""
+    labels = keras.ops.one_hot(keras.ops.cast(y_true, "int32"), 2)
+    return keras.ops.mean(keras.ops.square(y_pred - labels))
+
+
+@pytest.mark.parametrize("n", [37, 33])  # 33: a replica gets no example
+def test_a_loss_returning_a_scalar_is_a_mean_over_examples(n):
+    x, y = small_data(n)
+    runs = {}
+    for kind, model_class in (("default", keras.Model), ("mirrored", None)):
+        keras.utils.set_random_seed(0)
+        with strategies.get(kind).scope():
+            model = functional(model_class or keras_ctl.CTLModel)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=batch_mean_loss)
+        history = model.fit(
+            x, y, batch_size=4 if n == 33 else 8, epochs=2, shuffle=False, verbose=0
+        )
+        runs[kind] = (model, history.history["loss"], model.evaluate(x, y, verbose=0))
+    (one_device, loss, evaluation), (ctl, ctl_loss, ctl_evaluation) = runs.values()
+    assert_weights_equal(ctl, one_device)
+    np.testing.assert_allclose(ctl_loss, loss, atol=ATOL)
+    assert ctl_evaluation == pytest.approx(evaluation, abs=ATOL)
+
+
+def test_a_scalar_loss_with_a_sum_reduction_is_rejected():
+    x, y = small_data()
+    model = functional()
+
+    class BatchMeanLoss(keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return batch_mean_loss(y_true, y_pred)
+
+    model.compile(optimizer="sgd", loss=BatchMeanLoss(reduction="sum"))
+    with pytest.raises(ValueError, match=r"one value for the whole batch.*'sum'"):
         model.fit(x, y, verbose=0)
 
 

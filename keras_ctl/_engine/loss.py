@@ -170,24 +170,18 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
     try:
         values = loss_fn.call(y_true, y_pred)
     except (ValueError, tf.errors.InvalidArgumentError) as error:
+        # Keep the loss's own message (the shapes may well fit); add where.
         raise ValueError(
-            f"The labels for output `{name}` do not fit its predictions. "
-            f"Received: y with shape {_shapes(y_true)} for predictions of "
-            f"shape {_shapes(y_pred)} and loss={loss_fn!r}. Check that `y` "
-            "has the shape the loss expects for this output."
+            f"{error}\n\nRaised by loss={loss_fn!r} of output `{name}`, called "
+            f"with y of shape {_shapes(y_true)} and predictions of shape "
+            f"{_shapes(y_pred)}. Check that `y` has the shape this loss expects."
         ) from error
     out_mask = _keras.mask_of(values)
     values = tf.cast(values, tf.float32)
-    if values.shape.rank == 0:
-        raise ValueError(
-            f"The loss `{name}` returned a scalar, but an exact global "
-            "reduction needs one value per example. Expected a loss whose "
-            "`call(y_true, y_pred)` returns shape (batch, ...). Received: "
-            f"loss={loss_fn!r} returning shape {values.shape}. Return the "
-            "per-example values and let the `reduction` argument reduce them."
-        )
-    mask = _combine_masks(in_mask, out_mask)
     reduction_name = loss_fn.reduction
+    if values.shape.rank == 0:
+        values = _scalar_as_examples(values, y_pred, name, loss_fn)
+    mask = _combine_masks(in_mask, out_mask)
     count = tf.cast(tf.size(values), tf.float32)
     per_example = values.shape[1:].num_elements()
     weights = None
@@ -216,6 +210,26 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
     if reduction_name == "mean_with_sample_weight" and sample_weight is not None:
         return _Term(loss_sum, tf.reduce_sum(weights), None)
     return _Term(loss_sum, count, per_example)
+
+
+def _scalar_as_examples(value, y_pred, name, loss_fn):
+    """A loss that returns one value for the batch, as every example's value.
+
+    Such a loss is taken as a mean over this replica's examples: spread over
+    them, it is divided by the global count like any per-example loss, so
+    the replicas' shares add up to the global mean. On one device it is the
+    value itself, as in Keras.
+    """
+    if loss_fn.reduction in (None, "none", "sum"):
+        raise ValueError(
+            f"The loss `{name}` returned one value for the whole batch, with "
+            f"reduction={loss_fn.reduction!r}: a sum over examples cannot be "
+            "recovered from it. Received: a scalar from "
+            f"loss={loss_fn!r}. Return one value per example, or use a mean "
+            'reduction such as "sum_over_batch_size".'
+        )
+    examples = tf.shape(tree.flatten(y_pred)[0])[0]
+    return tf.fill([examples], value)
 
 
 def _shapes(nest):
