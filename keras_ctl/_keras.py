@@ -9,6 +9,8 @@ comes out, re-read the Keras code each accessor names, then widen the range.
 Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
 """
 
+import tensorflow as tf
+from keras import tree
 from keras.src.backend import get_keras_mask as _get_keras_mask
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 from keras.src.models.functional import Functional
@@ -71,8 +73,6 @@ def pack_like_compile_loss(compile_loss, y_true, y_pred):
     not a separate public function (`_y_pred_build_structure`,
     `_y_true_build_structure`).
     """
-    from keras import tree
-
     if not compile_loss.built:
         compile_loss.build(y_true, y_pred)
 
@@ -111,8 +111,6 @@ def add_to_mean(tracker, total, count):
     exact step adds a share of a global value with a weight of its own.
     `total`/`count` are Mean's variables (not underscored, not documented).
     """
-    import tensorflow as tf
-
     tracker.total.assign_add(tf.cast(total, tracker.dtype))
     tracker.count.assign_add(tf.cast(count, tracker.dtype))
 

@@ -1,7 +1,7 @@
 """How `fit()`, `evaluate()` and `predict()` run a `CTLModel`'s steps.
 
 Private: the public surface is `keras_ctl.CTLModel` and the building blocks
-in `keras_ctl.blocks`, which are built on `replicas` and `shares` here.
+in `keras_ctl.blocks`, which are built on `replicas` here.
 
 - `replicas`: replica count, the sum across replicas, and the one division
   every exact mean uses (local sums over all-reduced counts).

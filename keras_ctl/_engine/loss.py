@@ -87,23 +87,10 @@ def compiled_loss_shares(
         shares, global_counts = divide_by_global_counts(sums, counts, has_examples)
         global_batch = global_counts[-1]
     else:
-        if any(t.count is not None and t.per_example is None for t in terms):
-            raise NeedsCountAllReduce()
-        has_examples = tf.cast(batch_size > 0, tf.float32)
-        shares = [
-            value * has_examples
-            if term.count is None
-            else tf.math.divide_no_nan(
-                value * has_examples, term.per_example * global_batch_size
-            )
-            for value, term in zip(sums, terms)
-        ]
+        shares = _fixed_count_shares(terms, batch_size, global_batch_size)
         global_batch = global_batch_size
-    total = tf.zeros((), tf.float32)
-    for share, loss_weight in zip(shares, loss_weights):
-        total += share if loss_weight is None else share * loss_weight
     return LossShares(
-        total=total,
+        total=_weighted_total(shares, loss_weights),
         per_output=list(zip(names, shares)),
         global_batch_size=global_batch,
         local_batch_size=local_batch,
@@ -123,14 +110,37 @@ def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
             sample-weight sums, or a `sum` reduction (not divided at all).
     """
     terms, _, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
-    if any(term.per_example is None for term in terms):
+    if any(term.count is None for term in terms):
+        raise NeedsCountAllReduce()
+    # Shares of a global batch of 1: each sum over its elements per example.
+    shares = _fixed_count_shares(terms, batch_size, 1.0)
+    return _weighted_total(shares, loss_weights)
+
+
+def _fixed_count_shares(terms, batch_size, global_batch_size):
+    """Each term's sum over `per_example x global_batch_size`, no collective.
+
+    Raises:
+        NeedsCountAllReduce: if a denominator is not a fixed count per example.
+    """
+    if any(t.count is not None and t.per_example is None for t in terms):
         raise NeedsCountAllReduce()
     # A replica padded with a placeholder example contributes nothing.
     has_examples = tf.cast(batch_size > 0, tf.float32)
+    return [
+        term.loss_sum * has_examples
+        if term.count is None
+        else tf.math.divide_no_nan(
+            term.loss_sum * has_examples, term.per_example * global_batch_size
+        )
+        for term in terms
+    ]
+
+
+def _weighted_total(shares, loss_weights):
     total = tf.zeros((), tf.float32)
-    for term, loss_weight in zip(terms, loss_weights):
-        part = term.loss_sum * has_examples / term.per_example
-        total += part if loss_weight is None else part * loss_weight
+    for share, loss_weight in zip(shares, loss_weights):
+        total += share if loss_weight is None else share * loss_weight
     return total
 
 
