@@ -65,7 +65,12 @@ def add_bench_arguments(parser):
     parser.add_argument(
         "--models", type=_list_of(str, ("mlp", "cnn")), default=["mlp", "cnn"]
     )
-    parser.add_argument("--replicas", type=_list_of(int, (1, 2)), default=[1, 2])
+    parser.add_argument(
+        "--replicas",
+        type=_list_of(int, (1, 2, 4, 8)),
+        default=[1, 2],
+        help="replica counts; at most one above 1 per run (one device set a process)",
+    )
     parser.add_argument(
         "--workers",
         type=_list_of(int, (2, 3, 4)),
@@ -136,6 +141,14 @@ def _validate(parser, args):
             name = "--" + flag.replace("_", "-")
             parser.error(f"{name} must be >= 1. Received: {name} {value}")
     if args.command == "bench":
+        several = [r for r in args.replicas if r > 1]
+        if len(several) > 1:
+            parser.error(
+                "--replicas takes at most one count above 1 per run: TensorFlow "
+                "collides two device sets in one process. Received: --replicas "
+                f"{','.join(map(str, args.replicas))}. Run once per count, e.g. "
+                f"--replicas 1,{several[0]} then --replicas {several[1]}."
+            )
         args.out = _output_folder(parser, args.out or _new_run_dir(args))
         return
     strategy = getattr(args, "strategy", "mirrored")

@@ -9,9 +9,13 @@ comes out, re-read the Keras code each accessor names, then widen the range.
 Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
 """
 
+import contextlib
+import threading
+
 import tensorflow as tf
 from keras import tree
 from keras.src.backend import get_keras_mask as _get_keras_mask
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
@@ -26,6 +30,7 @@ __all__ = [
     "compile_loss_terms",
     "end_epoch_early",
     "functional_init_arguments",
+    "gradients_already_summed",
     "loss_tracker",
     "mask_of",
     "pack_like_compile_loss",
@@ -185,3 +190,59 @@ def register_under_name(cls, name):
     would also register `cls` as the object to load for `name`.
     """
     object_registration.GLOBAL_CUSTOM_NAMES[cls] = name
+
+
+_SUMMED_MARK = "_keras_ctl_gradients_summed"
+_patch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer):
+    """Within it, `optimizer` applies gradients as given, without summing them
+    across replicas first.
+
+    Keras sums each replica's gradients inside `optimizer.apply`, after
+    clipping them (`TFOptimizer._all_reduce_sum_gradients`, called from
+    `_backend_update_step`), and has no public switch to skip it (Keras 3
+    dropped `skip_gradients_aggregation`). The exact step sums them itself,
+    so that clipping and the loss-scale check see the sum, and so that the
+    global count rides along in the same collective. The mark is counted per
+    optimizer (a `LossScaleOptimizer`'s or `MultiOptimizer`'s inner
+    optimizers included), not per thread: Keras applies a loss-scaled update
+    from threads of its own.
+    """
+    _install_summed_gradients_switch()
+    family = _optimizer_family(optimizer)
+    for member in family:
+        setattr(member, _SUMMED_MARK, getattr(member, _SUMMED_MARK, 0) + 1)
+    try:
+        yield
+    finally:
+        for member in family:
+            setattr(member, _SUMMED_MARK, getattr(member, _SUMMED_MARK) - 1)
+
+
+def _optimizer_family(optimizer):
+    family = [optimizer]
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    if inner is not None:
+        family += _optimizer_family(inner)
+    if type(optimizer).__name__ == "MultiOptimizer":  # Keras >= 3.15
+        for member in optimizer.optimizers:
+            family += _optimizer_family(member)
+    return family
+
+
+def _install_summed_gradients_switch():
+    with _patch_lock:
+        original = TFOptimizer._all_reduce_sum_gradients
+        if getattr(original, "_keras_ctl", False):
+            return
+
+        def all_reduce_sum_gradients(self, grads_and_vars):
+            if getattr(self, _SUMMED_MARK, 0):
+                return list(grads_and_vars)
+            return original(self, grads_and_vars)
+
+        all_reduce_sum_gradients._keras_ctl = True
+        TFOptimizer._all_reduce_sum_gradients = all_reduce_sum_gradients

@@ -7,10 +7,9 @@ across replicas, so the gradient of a share is this replica's exact share of
 the global gradient. `CTLModel`'s default step is built from these blocks.
 """
 
-import warnings
-
 import tensorflow as tf
 
+from keras_ctl._engine import update
 from keras_ctl._engine.replicas import all_reduce_sum
 from keras_ctl._engine.replicas import divide_by_global_counts
 from keras_ctl._engine.replicas import num_replicas
@@ -116,12 +115,15 @@ def regularization_total(losses):
 def minimize(loss, variables, optimizer, tape):
     """Applies the gradients of `loss` with respect to `variables`.
 
-    `loss` is this replica's share of the global loss (see `global_mean`):
-    the optimizer sums gradients across replicas, so the update equals one
-    device's update on the global batch. The loss is scaled through
-    `optimizer.scale_loss()` on the same tape, so a
-    `keras.optimizers.LossScaleOptimizer` (mixed precision) keeps its own
-    loss scale; it unscales the gradients when it applies them.
+    `loss` is this replica's share of the global loss (see `global_mean`).
+    The gradients are summed across replicas in one all-reduce *before* the
+    optimizer sees them, so the update equals one device's update on the
+    global batch, gradient clipping (`clipnorm`, `global_clipnorm`,
+    `clipvalue`) included: Keras's own `apply` clips each replica's part
+    before summing. The loss is scaled through `optimizer.scale_loss()` on
+    the same tape, so a `keras.optimizers.LossScaleOptimizer` (mixed
+    precision) keeps its own loss scale, and it decides on overflow from the
+    summed gradients, the same decision on every replica.
 
     Args:
         loss: Scalar loss share recorded on `tape`.
@@ -131,8 +133,8 @@ def minimize(loss, variables, optimizer, tape):
             re-entered to record the loss scaling, then consumed.
 
     Returns:
-        The list of gradients that were applied (loss-scaled when the
-        optimizer scales the loss).
+        The list of gradients that were applied, summed across replicas
+        (loss-scaled when the optimizer scales the loss).
 
     Example:
 
@@ -144,11 +146,8 @@ def minimize(loss, variables, optimizer, tape):
     ```
     """
     variables = list(variables)
-    if not variables:
-        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-        return []
     with tape:
         scaled_loss = optimizer.scale_loss(loss)
-    gradients = tape.gradient(scaled_loss, variables)
-    optimizer.apply_gradients(zip(gradients, variables))
+    gradients, _ = update.sum_across_replicas(tape.gradient(scaled_loss, variables))
+    update.apply_summed(optimizer, gradients, variables)
     return gradients

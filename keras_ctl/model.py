@@ -8,6 +8,7 @@ from keras_ctl import _keras
 from keras_ctl import blocks
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
+from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
 
@@ -151,10 +152,13 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def train_step(self, data):
         """One exact training step on this replica's part of the batch.
 
-        Built from the public blocks: the forward pass, this replica's loss
-        share (`keras_ctl.global_mean` semantics for each compiled loss, plus
-        `keras_ctl.scaled_regularization_loss(self.losses)`), and
-        `keras_ctl.minimize`.
+        The arithmetic of the public blocks (`keras_ctl.global_mean` for
+        each compiled loss, regularization once per global batch,
+        `keras_ctl.minimize`), in one collective when every loss divides by
+        a fixed count per example: each replica differentiates its loss
+        times its number of examples, and the gradients and that number are
+        summed together and divided after the sum. Gradients are summed
+        before the optimizer clips them.
 
         Returns:
             A dict of logs; metric results are reduced across replicas by
@@ -162,18 +166,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         """
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        compiled = self._train_pass(data, batch_size) if self._train_pass else None
-        if compiled is not None:
-            y_pred, loss, shares, gradients = compiled
-            self.optimizer.apply_gradients(zip(gradients, self.trainable_weights))
-        else:
-            with tf.GradientTape() as tape:
-                y_pred, loss, shares = self._forward(
-                    x, y, sample_weight, batch_size, True
-                )
-            # Order the gradient all-reduce after the count all-reduce.
-            with tf.control_dependencies([shares.global_batch_size]):
-                blocks.minimize(loss, self.trainable_weights, self.optimizer, tape)
+        step = self._train_pass(data, batch_size) if self._train_pass else None
+        if step is None:
+            step = forward.exact_gradients(self, x, y, sample_weight, batch_size)
+        y_pred, loss, shares, gradients = step
+        update.apply_summed(self.optimizer, gradients, self.trainable_weights)
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def test_step(self, data):

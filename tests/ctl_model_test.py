@@ -357,6 +357,60 @@ def test_mixed_precision_scales_the_loss_under_mirrored():
     assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**15
 
 
+@pytest.mark.parametrize(
+    "options", [{"global_clipnorm": 0.05}, {"clipnorm": 0.02}, {"clipvalue": 0.01}]
+)
+def test_clipping_acts_on_the_summed_gradient(options):
+    x, y = small_data(37)  # 5 steps of 8, the last split 3 + 2
+    expected = compile_classifier(
+        functional(keras.Model), keras.optimizers.SGD(0.5, **options)
+    )
+    expected.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    unclipped = compile_classifier(functional(keras.Model), keras.optimizers.SGD(0.5))
+    unclipped.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    with strategies.get("mirrored").scope():
+        model = compile_classifier(functional(), keras.optimizers.SGD(0.5, **options))
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert_weights_equal(model, expected)
+    # The clipping binds: without it the run ends elsewhere.
+    gap = max(
+        np.max(np.abs(a - b))
+        for a, b in zip(expected.get_weights(), unclipped.get_weights())
+    )
+    assert gap > 1e-3
+
+
+def test_mixed_precision_skips_a_step_that_overflows_on_one_replica():
+    """One decision from the summed gradients: a non-finite gradient on the
+    second replica only skips the step everywhere, as on one device."""
+    x, _ = small_data(16)
+    y = x.sum(axis=1, keepdims=True)
+    y[6] = np.inf  # example 6: the second replica's half of the first batch
+    runs = {}
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        for where in ("default", "mirrored"):
+            with strategies.get(where).scope():
+                model = keras_ctl.CTLModel.from_model(
+                    keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+                )
+                model.set_weights([np.full((4, 1), 0.1), np.zeros(1)])
+                model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+            model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+            runs[where] = model
+    finally:
+        keras.config.set_dtype_policy("float32")
+    for model in runs.values():
+        assert all(np.isfinite(w).all() for w in model.get_weights())
+        # The first step overflowed (skipped, scale halved); the second applied.
+        assert float(model.optimizer.dynamic_scale.numpy()) == 2.0**14
+    # float16 sums split over replicas round differently (its step is 2e-4).
+    for got, expected in zip(
+        runs["mirrored"].get_weights(), runs["default"].get_weights()
+    ):
+        np.testing.assert_allclose(got, expected, atol=5e-4, rtol=0)
+
+
 def test_fit_without_a_loss_names_the_argument():
     x, y = small_data()
     model = functional()

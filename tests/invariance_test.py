@@ -110,18 +110,43 @@ def test_parity_with_tutorial_loop(replicas, mirrored_results, in_process_result
 
 @pytest.fixture(scope="session")
 def gan_reference():
-    return cases.run_gan()
+    return {"gan": cases.run_gan(), "gan_clipped": cases.run_gan(**cases.GAN_CLIPPING)}
 
 
+@pytest.mark.parametrize("variant", ["gan", "gan_clipped"])
 @pytest.mark.parametrize("where", ["default", "onedevice", 2, 3, 4])
 def test_gan_matches_one_device(
-    where, gan_reference, in_process_results, mirrored_results
+    where, variant, gan_reference, in_process_results, mirrored_results
 ):
-    """Deterministic mode: weights, d_loss/g_loss and update counts."""
+    """Deterministic mode: weights, d_loss/g_loss and update counts; both
+    optimizers clipping the summed gradients in the clipped variant."""
     runs = in_process_results if isinstance(where, str) else mirrored_results
-    got = runs[where]["gan"]
-    assert_same_run(got, gan_reference)
-    assert got["iterations"] == gan_reference["iterations"]
+    got = runs[where][variant]
+    assert_same_run(got, gan_reference[variant])
+    assert got["iterations"] == gan_reference[variant]["iterations"]
+
+
+def test_the_gan_clipping_binds(gan_reference):
+    """The clipped GAN trains differently: its test checks the clipping."""
+    drift = max(
+        float(np.max(np.abs(np.array(c) - np.array(u))))
+        for c, u in zip(
+            gan_reference["gan_clipped"]["weights"], gan_reference["gan"]["weights"]
+        )
+    )
+    assert drift > 1e-3
+
+
+@pytest.mark.parametrize("case", list(cases.OPTIMIZER_CASES))
+def test_the_clipping_binds(case, reference):
+    """Each clipped case trains differently from the same run unclipped."""
+    drift = max(
+        float(np.max(np.abs(np.array(c) - np.array(u))))
+        for c, u in zip(
+            reference[case]["weights"], reference["empty_replica"]["weights"]
+        )
+    )
+    assert drift > 1e-3
 
 
 def test_plain_keras_drifts_on_uneven_batches(reference):

@@ -4,16 +4,22 @@ One function, `forward_and_loss`, computes the predictions and this
 replica's loss share; the eager step records it on a tape, and
 `CompiledPass` compiles it (with the backward pass) for each replica.
 
+Training makes one collective a step where it can: when every loss
+divides by a fixed count per example, each replica differentiates its loss
+*times its number of examples* (no global count needed), and the gradients
+travel with the count in one all-reduce, divided by the global count after
+it (`exact_gradients`). Other losses (masks, sample-weight sums, a user's
+`compute_loss`) and mixed precision (a summed loss could overflow the
+float16 gradients before the loss scale adapts) all-reduce the count first.
+
 XLA cannot compile a `strategy.run` that spans devices (Keras 3.15 fails
 with "Trying to access resource ... located in device CPU:1 from device
 CPU:0"), and a compiled function cannot hold the collectives of a step. So
 under several replicas each replica compiles its own forward and backward
-pass, and the two collectives stay outside it: the global batch size is
-all-reduced before the compiled pass, the gradients are summed when the
-optimizer applies them. Without an all-reduce inside, every loss
-denominator must be a fixed count per example (no masks, no sample-weight
-sums); a loss that needs more runs the eager exact step instead, with a
-warning.
+pass, and the collectives stay outside it. Without an all-reduce inside,
+every loss denominator must be a fixed count per example (no masks, no
+sample-weight sums); a loss that needs more runs the eager exact step
+instead, with a warning.
 """
 
 import threading
@@ -25,6 +31,7 @@ import tensorflow as tf
 from keras_ctl import _keras
 from keras_ctl import blocks
 from keras_ctl._engine import loss as loss_module
+from keras_ctl._engine import update
 from keras_ctl._engine.replicas import all_reduce_sum
 
 
@@ -63,36 +70,107 @@ def forward_and_loss(
     return y_pred, loss, shares
 
 
-def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
-    """`(loss, LossShares)` for the loss tracker of `evaluate()`, without a
-    collective, or `None` when the loss needs the global count.
+def loss_times_examples(model, y, y_pred, sample_weight, batch_size):
+    """`(total, per_output)`: this replica's part of `loss x batch size`,
+    with no collective, or `None` when the loss needs the global count.
 
-    The loss tracker then gets `loss x global_batch_size` with
-    `global_batch_size` 1 (see `loss.loss_times_examples`). Needs the
-    compiled loss alone (a user's `compute_loss` returns a share), and one
-    output: per-output losses are logged as means over steps, which need
-    each step's global count.
+    Needs the compiled loss alone (a user's `compute_loss` returns a share).
+    See `loss.loss_times_examples`; regularization counts once per example
+    of the batch, as on one device.
     """
     compile_loss = _keras.compile_loss(model)
-    if compile_loss is None or _keras.per_output_loss_trackers(compile_loss):
+    if compile_loss is None or not model._uses_default_loss():
         return None
     try:
-        total = loss_module.loss_times_examples(
+        total, per_output = loss_module.loss_times_examples(
             compile_loss, y, y_pred, sample_weight, batch_size
         )
     except loss_module.NeedsCountAllReduce:
         return None
     local_batch = tf.cast(batch_size, tf.float32)
-    # Regularization counts once per example of the batch, as on one device.
-    total += blocks.regularization_total(model.losses) * local_batch
+    return total + blocks.regularization_total(model.losses) * local_batch, per_output
+
+
+def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
+    """`(loss, LossShares)` for the loss tracker of `evaluate()`, without a
+    collective, or `None` when the loss needs the global count.
+
+    The loss tracker then gets `loss x global_batch_size` with
+    `global_batch_size` 1. Needs one output: per-output losses are logged as
+    means over steps, which need each step's global count.
+    """
+    compile_loss = _keras.compile_loss(model)
+    if compile_loss is None or _keras.per_output_loss_trackers(compile_loss):
+        return None
+    summed = loss_times_examples(model, y, y_pred, sample_weight, batch_size)
+    if summed is None:
+        return None
+    total = summed[0]
+    local_batch = tf.cast(batch_size, tf.float32)
     return total, loss_module.LossShares(total, [], tf.ones(()), local_batch)
+
+
+def exact_gradients(model, x, y, sample_weight, batch_size):
+    """Trains' forward and backward pass: `(y_pred, loss share, LossShares,
+    gradients summed across replicas)`, in one collective where it can."""
+    foldable = not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        summed = None
+        if foldable:
+            summed = loss_times_examples(model, y, y_pred, sample_weight, batch_size)
+        if summed is None:
+            _, loss, shares = forward_and_loss(
+                model,
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                True,
+                model._uses_default_loss(),
+                y_pred=y_pred,
+            )
+            objective = loss
+        else:
+            objective = summed[0]
+        scaled = model.optimizer.scale_loss(objective)
+    gradients = tape.gradient(scaled, model.trainable_weights)
+    if summed is not None:
+        return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+    # The count's all-reduce first, on every replica (see DESIGN: ordering).
+    with tf.control_dependencies([shares.global_batch_size]):
+        gradients, _ = update.sum_across_replicas(gradients)
+    return y_pred, loss, shares, gradients
+
+
+def divide_after_sum(summed, gradients, batch_size):
+    """`(loss share, LossShares, gradients)` from `loss x examples` parts.
+
+    The gradients and this replica's number of examples are summed in one
+    all-reduce; every part is a sum over examples, so one division by the
+    global count gives one device's mean, and its gradient.
+    """
+    total, per_output = summed
+    local_batch = tf.cast(batch_size, tf.float32)
+    gradients, (global_batch,) = update.sum_across_replicas(gradients, [local_batch])
+    gradients = update.divide(gradients, global_batch)
+    shares = loss_module.LossShares(
+        total=tf.math.divide_no_nan(total, global_batch),
+        per_output=[
+            (name, tf.math.divide_no_nan(part, global_batch))
+            for name, part in per_output
+        ],
+        global_batch_size=global_batch,
+        local_batch_size=local_batch,
+    )
+    return shares.total, shares, gradients
 
 
 def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch=None):
     """Returns `(share of compiled loss + model.losses, LossShares)`."""
     # Read layer losses right after the forward pass: replica threads share
     # the layers, and the all-reduce below is a sync point.
-    regularization = blocks.scaled_regularization_loss(model.losses)
+    regularization = blocks.regularization_total(model.losses)
     compile_loss = _keras.compile_loss(model)
     if compile_loss is None:
         if not model.losses:
@@ -101,11 +179,15 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
                 "`compile()` or losses added with `add_loss`. Received: "
                 "loss=None. Call e.g. `model.compile(optimizer, loss=...)`."
             )
-        return regularization, loss_module.count_only_shares(batch_size)
-    shares = loss_module.compiled_loss_shares(
-        compile_loss, y, y_pred, sample_weight, batch_size, global_batch
-    )
-    return shares.total + regularization, shares
+        shares = loss_module.count_only_shares(batch_size)
+    else:
+        shares = loss_module.compiled_loss_shares(
+            compile_loss, y, y_pred, sample_weight, batch_size, global_batch
+        )
+    # Regularization counts once per example of the global batch, as in the
+    # folded step: 1/R of it per replica when the batch splits evenly.
+    fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
+    return shares.total + regularization * fraction, shares
 
 
 class CompiledPass:
@@ -124,30 +206,44 @@ class CompiledPass:
         self.usable = True
 
     def __call__(self, data, batch_size):
-        """Returns `(y_pred, loss, shares, gradients)`, or `None` when the
-        caller must run the eager step."""
+        """Returns `(y_pred, loss, shares, gradients)` with the gradients
+        summed across replicas, or `None` when the caller must run the eager
+        step."""
         if not self.usable:
             return None
-        global_batch = all_reduce_sum(tf.cast(batch_size, tf.float32))
+        model = self._model
+        fold = self._training and not isinstance(
+            model.optimizer, keras.optimizers.LossScaleOptimizer
+        )
         try:
+            if fold:
+                y_pred, total, per_output, gradients = self._function(
+                    data, batch_size, None
+                )
+                summed = (total, list(zip(self._output_names(), per_output)))
+                return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+            global_batch = all_reduce_sum(tf.cast(batch_size, tf.float32))
             with tf.control_dependencies([global_batch]):
                 y_pred, loss, shares, gradients = self._function(
                     data, batch_size, global_batch
                 )
+                gradients, _ = update.sum_across_replicas(gradients)
         except loss_module.NeedsCountAllReduce:
             self._turn_off()
             return None
-        # Output names are strings, which a compiled function cannot return.
-        names = [
-            term[3]
-            for term in _keras.compile_loss_terms(_keras.compile_loss(self._model))
-        ]
-        shares = shares._replace(per_output=list(zip(names, shares.per_output)))
+        shares = shares._replace(
+            per_output=list(zip(self._output_names(), shares.per_output))
+        )
         return y_pred, loss, shares, gradients
 
     def tracing_count(self):
         """How many times XLA traced the pass (0 until a step ran it)."""
         return self._function.experimental_get_tracing_count()
+
+    def _output_names(self):
+        # Output names are strings, which a compiled function cannot return.
+        terms = _keras.compile_loss_terms(_keras.compile_loss(self._model))
+        return [term[3] for term in terms]
 
     def _turn_off(self):
         with self._lock:
@@ -163,22 +259,35 @@ class CompiledPass:
         )
 
     def _run(self, data, batch_size, global_batch):
+        """With `global_batch` None: `(y_pred, loss x examples, per-output
+        parts, gradients)`, else `(y_pred, loss share, shares, gradients)`."""
         model = self._model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            y_pred, loss, shares = forward_and_loss(
-                model,
-                x,
-                y,
-                sample_weight,
-                batch_size,
-                self._training,
-                True,
-                global_batch,
-            )
+            if global_batch is None:
+                y_pred = model(x, training=self._training)
+                summed = loss_times_examples(
+                    model, y, y_pred, sample_weight, batch_size
+                )
+                if summed is None:
+                    raise loss_module.NeedsCountAllReduce()
+                loss, parts = summed[0], [part for _, part in summed[1]]
+            else:
+                y_pred, loss, shares = forward_and_loss(
+                    model,
+                    x,
+                    y,
+                    sample_weight,
+                    batch_size,
+                    self._training,
+                    True,
+                    global_batch,
+                )
+                parts = shares._replace(
+                    per_output=[share for _, share in shares.per_output]
+                )
             scaled_loss = model.optimizer.scale_loss(loss) if self._training else loss
         gradients = []
         if self._training:
             gradients = tape.gradient(scaled_loss, model.trainable_weights)
-        shares = shares._replace(per_output=[share for _, share in shares.per_output])
-        return y_pred, loss, shares, gradients
+        return y_pred, loss, parts, gradients

@@ -101,20 +101,27 @@ def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
     """This replica's part of `batch loss x batch size`, with no collective.
 
     One device adds each batch's loss to its `loss` tracker weighted by the
-    batch size. For a loss divided by a fixed count per example, the global
-    batch size in that division cancels with the weight, so each replica can
-    add its part alone: the loss sums divided by elements per example.
+    batch size, and the mean over the global batch is the sum of these parts
+    over the global count. For a loss divided by a fixed count per example,
+    the global count in that division cancels with the weight, so each
+    replica computes its part alone: each loss sum over its elements per
+    example. Its gradient, summed across replicas and divided by the global
+    count, is the gradient of one device's loss.
+
+    Returns:
+        `(total, per_output)`: the weighted total and `[(name, part)]`, one
+        unweighted part per output.
 
     Raises:
         NeedsCountAllReduce: for a denominator that depends on masks or
             sample-weight sums, or a `sum` reduction (not divided at all).
     """
-    terms, _, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
+    terms, names, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
     if any(term.count is None for term in terms):
         raise NeedsCountAllReduce()
     # Shares of a global batch of 1: each sum over its elements per example.
     shares = _fixed_count_shares(terms, batch_size, 1.0)
-    return _weighted_total(shares, loss_weights)
+    return _weighted_total(shares, loss_weights), list(zip(names, shares))
 
 
 def _fixed_count_shares(terms, batch_size, global_batch_size):

@@ -1,8 +1,9 @@
 """Speed of CTLModel.fit against keras.Model.fit and hand-written loops.
 
 Candidates, on the Keras guide's MLP (784-64-64-10) and the TensorFlow
-tutorial's CNN (28x28x1), global batch 64, Adam, for each of 1 and 2
-replicas (`MirroredStrategy`; logical CPU devices when there are no GPUs),
+tutorial's CNN (28x28x1), global batch 64, Adam, for each of `--replicas`
+(1, 2, 4 or 8; `MirroredStrategy`, logical CPU devices when there are no
+GPUs; at most one count above 1 per run),
 `steps_per_execution` 1 and 32, XLA off and on:
 
 - `CTLModel.fit` and `keras.Model.fit` with an accuracy metric;
@@ -12,10 +13,12 @@ replicas (`MirroredStrategy`; logical CPU devices when there are no GPUs),
   It has no `steps_per_execution`; with XLA it compiles the forward and
   backward pass (the optimizer's cross-replica update cannot be compiled).
 
-Then the cost of the exact all-reduce of the global count on 2 replicas:
-two custom steps that differ only in the loss denominator,
-`keras_ctl.global_mean` (all-reduced every step) and
-`tf.nn.compute_average_loss(..., global_batch_size=64)` (a constant).
+Then what exactness costs on several replicas: the all-reduce of the global
+count (two custom steps that differ only in the loss denominator,
+`keras_ctl.global_mean`, all-reduced every step, and
+`tf.nn.compute_average_loss(..., global_batch_size=64)`, a constant), and
+clipping the summed gradient (`CTLModel.fit` with and without
+`global_clipnorm`).
 
 Last, the collectives per step (round trips between workers) of
 `CTLModel.fit`, `evaluate` and `GAN.fit` against the hand-written loops,
@@ -29,7 +32,7 @@ traces and compiles), the rounds are repeated, and the tables quote median
 steps/s and the median of the per-round ratios.
 
 Usage:
-    keras-ctl bench [--models mlp,cnn] [--replicas 1,2] [--workers 2,4]
+    keras-ctl bench [--models mlp,cnn] [--replicas 1,2|1,4|1,8] [--workers 2,4]
                     [--rounds 5] [--steps 50] [--out DIR]
 """
 
@@ -99,12 +102,14 @@ def make_data(shape, steps):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).cache()
 
 
-def fit_candidate(model_class, build, dataset, strategy, spe, xla, metrics=True):
+def fit_candidate(
+    model_class, build, dataset, strategy, spe, xla, metrics=True, **optimizer_options
+):
     """An epoch of `fit()`, or "fails (Error)" when the warm-up epoch fails."""
     with strategy.scope():
         model = build(model_class)
         model.compile(
-            optimizer=keras.optimizers.Adam(1e-3),
+            optimizer=keras.optimizers.Adam(1e-3, **optimizer_options),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"] if metrics else None,
             steps_per_execution=spe,
@@ -221,23 +226,33 @@ def measure_fit(args, strategy_for):
 
 
 def measure_all_reduce(args, strategy):
-    """The cost of the exact count's all-reduce, MLP, 2 replicas."""
+    """What exactness costs, MLP, several replicas: the global count's
+    all-reduce (two custom steps differing only in the denominator) and
+    clipping the summed gradient (`CTLModel.fit` with and without
+    `global_clipnorm`), no metric."""
     rows = []
     dataset = make_data((784,), args.steps)
     for spe in (1, 32):
-        candidates = {
-            name: fit_candidate(
-                model_class, mlp, dataset, strategy, spe, False, metrics=False
+
+        def candidate(model_class, spe=spe, **options):
+            return fit_candidate(
+                model_class, mlp, dataset, strategy, spe, False, False, **options
             )
-            for name, model_class in (("exact", ExactCount), ("fixed", FixedBatch))
+
+        candidates = {
+            "exact": candidate(ExactCount),
+            "fixed": candidate(FixedBatch),
+            "plain": candidate(CTLModel),
+            "clipped": candidate(CTLModel, global_clipnorm=1.0),
         }
         rates = race(candidates, args.steps, args.rounds)
-        row = {
-            "spe": spe,
-            "exact": statistics.median(rates["exact"]),
-            "fixed": statistics.median(rates["fixed"]),
-            "cost": 1.0 - median_ratio(rates, "exact", "fixed"),
-        }
+        row = {name: statistics.median(rates[name]) for name in candidates}
+        row.update(
+            replicas=strategy.num_replicas_in_sync,
+            spe=spe,
+            cost=1.0 - median_ratio(rates, "exact", "fixed"),
+            clipping_cost=1.0 - median_ratio(rates, "clipped", "plain"),
+        )
         rows.append(row)
         print(format_all_reduce_row(row), flush=True)
     return rows
@@ -251,7 +266,9 @@ FIT_HEADER = (
 )
 ALL_REDUCE_HEADER = (
     "| replicas | steps_per_execution | exact count steps/s | fixed batch "
-    "steps/s | all-reduce cost (1 - median ratio) |\n|---|---|---|---|---|"
+    "steps/s | all-reduce cost (1 - median ratio) | CTLModel.fit steps/s | "
+    "with global_clipnorm steps/s | clipping cost (1 - median ratio) |\n"
+    "|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -272,8 +289,9 @@ def format_fit_row(row):
 
 def format_all_reduce_row(row):
     return (
-        f"| 2 | {row['spe']} | {row['exact']:.0f} | {row['fixed']:.0f} | "
-        f"{100 * row['cost']:.1f} % |"
+        f"| {row['replicas']} | {row['spe']} | {row['exact']:.0f} | "
+        f"{row['fixed']:.0f} | {100 * row['cost']:.1f} % | {row['plain']:.0f} | "
+        f"{row['clipped']:.0f} | {100 * row['clipping_cost']:.1f} % |"
     )
 
 
@@ -351,16 +369,18 @@ def write_report(args, fit_rows, all_reduce_rows, collective_rows=()):
 
 def run(args):
     """Runs the benchmark for `args` parsed and checked by `keras-ctl bench`."""
-    # The 2-replica strategy splits the CPU, so it comes before any op runs.
+    # The multi-replica strategy splits the CPU, so it comes before any op
+    # runs; one device set per process (the command allows one count > 1).
     strategy_for = {1: tf.distribute.get_strategy()}
-    if 2 in args.replicas:
-        strategy_for[2] = strategies.local_mirrored_strategy(2)
+    several = [r for r in args.replicas if r > 1]
+    for replicas in several:
+        strategy_for[replicas] = strategies.local_mirrored_strategy(replicas)
     print(FIT_HEADER, flush=True)
     fit_rows = measure_fit(args, strategy_for)
     all_reduce_rows = []
-    if 2 in args.replicas:
+    for replicas in several:
         print("\n" + ALL_REDUCE_HEADER, flush=True)
-        all_reduce_rows = measure_all_reduce(args, strategy_for[2])
+        all_reduce_rows = measure_all_reduce(args, strategy_for[replicas])
     print("\n" + COLLECTIVES_HEADER, flush=True)
     collective_rows = []
     for workers in args.workers:

@@ -25,6 +25,8 @@ def usage_error(capsys, *argv):
         (["tune", "gan", "--trials", "0"], "Received: --trials 0"),
         (["bench", "--rounds", "0"], "Received: --rounds 0"),
         (["bench", "--models", "rnn"], "Received: 'rnn'"),
+        (["bench", "--replicas", "2,4"], "Received: --replicas 2,4. Run once"),
+        (["bench", "--replicas", "3"], "Received: '3'"),
         (["train", "gan", "--replicas", "2"], "Use --strategy mirrored"),
         (["train", "gan", "--strategy", "nccl"], "invalid choice: 'nccl'"),
         (["train", "gan", "--resume", "--out", "/nonexistent"], "--resume continues"),
