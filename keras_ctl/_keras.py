@@ -21,6 +21,8 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.saving import object_registration
 
+from keras_ctl._engine.iterators import DeferredDataset
+
 __all__ = [
     "RAN_OUT_OF_DATA",
     "Functional",
@@ -146,10 +148,23 @@ class SymbolicBuildFromFirstReplica:
         if self._distribute_strategy is None:
             return  # Keras builds when the step is traced.
         strategy = self.distribute_strategy
+        epoch_iterator = iterator
         if iterator is not None:
             iterator = _first_replica_batches(iterator, strategy)
         with strategy.scope():
             self._symbolic_build(iterator=iterator, data_batch=data_batch)
+        if epoch_iterator is not None:
+            _defer_iterators(epoch_iterator)
+
+
+def _defer_iterators(epoch_iterator):
+    """Makes Keras's epoch iterator open each distributed iterator on first
+    use (`TFEpochIterator._distributed_dataset`, returned by its
+    `_get_iterator`, is what it calls `iter()` on, one epoch ahead).
+    """
+    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    if dataset is not None and not isinstance(dataset, DeferredDataset):
+        epoch_iterator._distributed_dataset = DeferredDataset(dataset)
 
 
 def _first_replica_batches(epoch_iterator, strategy):

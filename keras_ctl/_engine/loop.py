@@ -28,6 +28,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import outputs as outputs_module
+from keras_ctl._engine.iterators import opened
 
 
 def make_step_function(model, step, plan, resumable=False):
@@ -96,6 +97,7 @@ def make_step_function(model, step, plan, resumable=False):
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
 
     def call(iterator):
+        iterator = opened(iterator)
         resume = model._resume_plan if resumable else None
         if resume is not None:
             if resume.finished:

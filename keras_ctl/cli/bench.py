@@ -18,13 +18,15 @@ count (two custom steps that differ only in the loss denominator,
 `keras_ctl.global_mean`, all-reduced every step, and
 `tf.nn.compute_average_loss(..., global_batch_size=64)`, a constant), and
 clipping the summed gradient (`CTLModel.fit` with and without
-`global_clipnorm`).
+`global_clipnorm`), and what a `fit()` call costs beyond its steps.
 
 Last, the collectives per step (round trips between workers) of
 `CTLModel.fit`, `evaluate` and `GAN.fit` against the hand-written loops,
 counted in the traced step graphs under `--workers` local worker processes
 (`keras_ctl.cli.collectives`): deterministic where timings of several
-worker processes on a few cores are not.
+worker processes on a few cores are not; their timings (`CTLModel.fit`
+with and without a metric against the hand loop, `--rounds` interleaved
+rounds) are reported beside them.
 
 These machines are noisy, so the candidates of one configuration are
 interleaved within each round (one epoch each, after a warm-up epoch that
@@ -258,6 +260,38 @@ def measure_all_reduce(args, strategy):
     return rows
 
 
+def measure_call_cost(args, strategy):
+    """Seconds a one-epoch `fit()` call (a hand loop's epoch) costs beyond
+    its steps, MLP: from epochs of 4 and of `4 + --steps` steps, interleaved.
+    Mostly opening the multi-device iterator of the epoch."""
+    sizes = {"short": 4, "long": 4 + args.steps}
+    data = {size: make_data((784,), steps) for size, steps in sizes.items()}
+    makers = {
+        "ctl": lambda d: fit_candidate(CTLModel, mlp, d, strategy, 1, False),
+        "keras": lambda d: fit_candidate(keras.Model, mlp, d, strategy, 1, False),
+        "loop": lambda d: loop_candidate(mlp, d, strategy, False),
+    }
+    runs = {
+        (name, size): make(data[size])
+        for name, make in makers.items()
+        for size in sizes
+    }
+    # One "step" per epoch: the race's rates are epochs per second.
+    rates = race(runs, 1, args.rounds)
+    row = {"replicas": strategy.num_replicas_in_sync}
+    for name in makers:
+        if (name, "short") not in rates or (name, "long") not in rates:
+            row[name] = runs[(name, "short")]
+            continue
+        costs = []
+        for short, long in zip(rates[(name, "short")], rates[(name, "long")]):
+            per_step = (1 / long - 1 / short) / args.steps
+            costs.append(1 / short - sizes["short"] * per_step)
+        row[name] = statistics.median(costs)
+    print(format_call_cost_row(row), flush=True)
+    return [row]
+
+
 FIT_HEADER = (
     "| model | replicas | steps_per_execution | XLA | CTLModel.fit steps/s | "
     "keras.Model.fit steps/s | hand loop steps/s | CTLModel / keras "
@@ -269,6 +303,12 @@ ALL_REDUCE_HEADER = (
     "steps/s | all-reduce cost (1 - median ratio) | CTLModel.fit steps/s | "
     "with global_clipnorm steps/s | clipping cost (1 - median ratio) |\n"
     "|---|---|---|---|---|---|---|---|"
+)
+
+
+CALL_COST_HEADER = (
+    "| replicas | CTLModel.fit s per call | keras.Model.fit s per call | hand "
+    "loop s per epoch |\n|---|---|---|---|"
 )
 
 
@@ -295,15 +335,23 @@ def format_all_reduce_row(row):
     )
 
 
-def measure_collectives(workers):
-    """Collectives per step under `workers` local worker processes."""
+def format_call_cost_row(row):
+    return (
+        f"| {row['replicas']} | {_cell(row['ctl'], 3)} | {_cell(row['keras'], 3)} "
+        f"| {_cell(row['loop'], 3)} |"
+    )
+
+
+def measure_collectives(workers, rounds):
+    """Collectives per step, and timings of `rounds` interleaved rounds,
+    under `workers` local worker processes: `(counts, timings)`."""
     import json
     import subprocess
     import sys
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
-        out = os.path.join(folder, "counts.json")
+        counts, timings = (os.path.join(folder, f"{n}.json") for n in ("c", "t"))
         python = [sys.executable, "-m"]
         subprocess.run(
             [
@@ -312,18 +360,21 @@ def measure_collectives(workers):
                 "--workers",
                 str(workers),
                 "--timeout",
-                "600",
+                "1200",
                 "--",
                 *python,
                 "keras_ctl.cli.collectives",
-                out,
+                counts,
+                "--rounds",
+                str(rounds),
+                timings,
             ],
             check=True,
             capture_output=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         )
-        with open(out) as f:
-            return json.load(f)
+        with open(counts) as c, open(timings) as t:
+            return json.load(c), json.load(t)
 
 
 COLLECTIVES_HEADER = (
@@ -339,6 +390,21 @@ HAND_LOOPS = {
 }
 
 
+WORKER_TIMINGS_HEADER = (
+    "| workers | CTLModel.fit, accuracy steps/s | CTLModel.fit steps/s | hand "
+    "loop steps/s | CTLModel.fit, accuracy / hand loop (median ratio) | "
+    "CTLModel.fit / hand loop (median ratio) |\n|---|---|---|---|---|---|"
+)
+
+
+def format_worker_timings_row(workers, t):
+    return (
+        f"| {workers} | {t['CTLModel.fit, accuracy']:.0f} | {t['CTLModel.fit']:.0f} "
+        f"| {t['hand loop']:.0f} | {t['CTLModel.fit, accuracy / hand loop']:.2f} "
+        f"| {t['CTLModel.fit / hand loop']:.2f} |"
+    )
+
+
 def format_collectives_rows(workers, counts):
     return [
         f"| {workers} | {name} | {counts[name]} | {counts[loop]} | "
@@ -347,7 +413,7 @@ def format_collectives_rows(workers, counts):
     ]
 
 
-def write_report(args, fit_rows, all_reduce_rows, collective_rows=()):
+def write_report(args, fit_rows, all_reduce_rows, call_cost_rows, collective_rows):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
@@ -355,6 +421,9 @@ def write_report(args, fit_rows, all_reduce_rows, collective_rows=()):
     if all_reduce_rows:
         parts += ["", ALL_REDUCE_HEADER]
         parts += [format_all_reduce_row(row) for row in all_reduce_rows]
+    if call_cost_rows:
+        parts += ["", CALL_COST_HEADER]
+        parts += [format_call_cost_row(row) for row in call_cost_rows]
     if collective_rows:
         parts += ["", COLLECTIVES_HEADER, *collective_rows]
     parts.append(
@@ -377,17 +446,23 @@ def run(args):
         strategy_for[replicas] = strategies.local_mirrored_strategy(replicas)
     print(FIT_HEADER, flush=True)
     fit_rows = measure_fit(args, strategy_for)
-    all_reduce_rows = []
+    all_reduce_rows, call_cost_rows = [], []
     for replicas in several:
         print("\n" + ALL_REDUCE_HEADER, flush=True)
         all_reduce_rows = measure_all_reduce(args, strategy_for[replicas])
+        print("\n" + CALL_COST_HEADER, flush=True)
+        call_cost_rows = measure_call_cost(args, strategy_for[replicas])
     print("\n" + COLLECTIVES_HEADER, flush=True)
-    collective_rows = []
+    collective_rows, timing_rows = [], []
     for workers in args.workers:
-        rows = format_collectives_rows(workers, measure_collectives(workers))
+        counts, timings = measure_collectives(workers, args.rounds)
+        rows = format_collectives_rows(workers, counts)
         print("\n".join(rows), flush=True)
         collective_rows += rows
-    out = write_report(args, fit_rows, all_reduce_rows, collective_rows)
+        timing_rows.append(format_worker_timings_row(workers, timings))
+    print("\n" + WORKER_TIMINGS_HEADER + "\n" + "\n".join(timing_rows), flush=True)
+    collective_rows += ["", WORKER_TIMINGS_HEADER, *timing_rows]
+    out = write_report(args, fit_rows, all_reduce_rows, call_cost_rows, collective_rows)
     print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
 

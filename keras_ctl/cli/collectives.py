@@ -12,8 +12,13 @@ The chief writes `{candidate: collectives per step}` to OUT.json, for:
 and `GAN.fit` (`d_steps=1`), and the hand-written loops they replace, each
 taking its batch from the distributed iterator inside its step function as
 `fit()` does (the iterator's own "has data" all-reduce counts for both).
+
+With `--rounds N TIMINGS.json` it also times `CTLModel.fit` (with and
+without the metric) against the hand loop, interleaved in N rounds of 32
+steps, and writes median steps/s and the median per-round ratio.
 """
 
+import functools
 import json
 import sys
 
@@ -70,6 +75,58 @@ def measure(strategy):
         _hand_gan(hand_gan, strategy), strategy, images
     )
     return counts
+
+
+def time_candidates(strategy, rounds, steps=32):
+    """`{candidate: median steps/s}` and the median CTLModel / loop ratios."""
+    import statistics
+    import time
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from keras_ctl.demos import models
+
+    rng = np.random.default_rng(1)
+    x = rng.random((steps * BATCH, 784), dtype=np.float32)
+    y = rng.integers(0, 10, steps * BATCH).astype("int32")
+    candidates = {}
+    for name, metrics in (
+        ("CTLModel.fit, accuracy", ["accuracy"]),
+        ("CTLModel.fit", None),
+    ):
+        with strategy.scope():
+            model = models.guide_mlp()
+            model.compile(
+                optimizer="adam",
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=metrics,
+            )
+        candidates[name] = functools.partial(
+            model.fit, x, y, batch_size=BATCH, epochs=1, verbose=0
+        )
+    train, _ = _hand_loop(strategy)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat()
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+
+    def hand_loop_epoch():
+        for _ in range(steps):
+            train(iterator)
+
+    candidates["hand loop"] = hand_loop_epoch
+    rates = {name: [] for name in candidates}
+    for round_ in range(rounds + 1):  # round 0 traces
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            if round_:
+                rates[name].append(steps / (time.perf_counter() - start))
+    result = {name: statistics.median(r) for name, r in rates.items()}
+    for name in ("CTLModel.fit, accuracy", "CTLModel.fit"):
+        ratios = [a / b for a, b in zip(rates[name], rates["hand loop"])]
+        result[f"{name} / hand loop"] = statistics.median(ratios)
+    return result
 
 
 def _count_hand(step, strategy, dataset):
@@ -164,10 +221,13 @@ def main(argv=None):
     from keras_ctl import strategies
 
     strategy = strategies.multi_worker_strategy()  # first: reads TF_CONFIG
-    counts = measure(strategy)
+    results = {argv[0]: measure(strategy)}
+    if len(argv) == 4 and argv[1] == "--rounds":
+        results[argv[3]] = time_candidates(strategy, int(argv[2]))
     if strategies.is_chief(strategy):
-        with open(argv[0], "w") as f:
-            json.dump(counts, f, indent=2)
+        for path, values in results.items():
+            with open(path, "w") as f:
+                json.dump(values, f, indent=2)
     return 0
 
 
