@@ -8,6 +8,7 @@ import warnings
 import keras
 
 from keras_ctl import _keras
+from keras_ctl import _preemption
 from keras_ctl import strategies
 from keras_ctl._engine.resume import ResumePlan
 from keras_ctl.model import CTLModel
@@ -15,6 +16,11 @@ from keras_ctl.model import CTLModel
 _WEIGHTS = "latest.weights.h5"
 _METADATA = "training_metadata.json"
 _PREVIOUS = ".bkp"  # suffix of the previous backup's files (Keras's names)
+
+SAVED_ON_NOTICE = _preemption.SAVED_ON_NOTICE
+# Seconds between a signal and the end of the step that saves on it; past
+# them (a hung step, or training ended by an error) the process just ends.
+NOTICE_DEADLINE_S = 25.0
 
 
 class BackupAndRestore(keras.callbacks.Callback):
@@ -39,6 +45,17 @@ class BackupAndRestore(keras.callbacks.Callback):
       `backup_dir`; the others write to a temporary sibling folder
       (`keras_ctl.strategies.write_path`) and delete it. All workers restore
       from `backup_dir`, which must be shared storage on real clusters.
+    - **Save on notice.** A preempted machine gets SIGTERM, then SIGKILL
+      after a grace period. While `fit()` runs, SIGTERM (and SIGINT if
+      listed in `save_on_signals`) lets the step in flight finish, writes a
+      backup with the exact position in the epoch, and ends the process
+      with exit code `keras_ctl.callbacks.SAVED_ON_NOTICE` (42): a restart
+      resumes there and trains only the batches that were left. A second
+      signal while saving changes nothing. If no step ends within
+      `NOTICE_DEADLINE_S` (25 s) of the signal, the process ends as the
+      signal would have ended it. Under several workers, send the signal
+      to every worker (`keras-ctl launch` forwards it): the chief's backup
+      is the one that counts.
     - **Safe writes.** Weights are written to a temporary file and renamed,
       so a crash while saving leaves the last backup whole. With
       `double_checkpoint=True`, a backup that cannot be read is replaced by
@@ -52,6 +69,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             Defaults to `False`.
         delete_checkpoint: Delete the backup when training ends.
             Defaults to `True`.
+        save_on_signals: Signals that save and stop training: names among
+            `"SIGTERM"` and `"SIGINT"`, or `()` to let them act as usual.
+            Caught only while `fit()` runs, in the main thread. Defaults to
+            `("SIGTERM",)`.
 
     Example:
 
@@ -67,6 +88,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         save_freq="epoch",
         double_checkpoint=False,
         delete_checkpoint=True,
+        save_on_signals=("SIGTERM",),
     ):
         super().__init__()
         if not backup_dir:
@@ -87,6 +109,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
+        self.save_on_signals = _preemption.check_signal_names(save_on_signals)
+        self._notice = None
         self._epoch = 0
         self._batches_done = 0  # in the current epoch, resumed batches included
         self._since_save = 0
@@ -97,6 +121,20 @@ class BackupAndRestore(keras.callbacks.Callback):
         return os.path.join(self.backup_dir, name + (_PREVIOUS if previous else ""))
 
     def on_train_begin(self, logs=None):
+        self._restore_or_fall_back()
+        if self.save_on_signals:
+            self._notice = _preemption.Notice(self.save_on_signals, NOTICE_DEADLINE_S)
+            if not self._notice.install():
+                warnings.warn(
+                    "BackupAndRestore saves on a signal only when `fit()` runs "
+                    f"in the main thread. Received: save_on_signals="
+                    f"{self.save_on_signals!r} from another thread; the signals "
+                    "act as usual.",
+                    stacklevel=2,
+                )
+                self._notice = None
+
+    def _restore_or_fall_back(self):
         try:
             self._restore()
         except (OSError, ValueError) as error:
@@ -151,6 +189,22 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._batches_done = done
         if self.save_freq != "epoch" and self._since_save >= self.save_freq:
             self._save()
+        if self._notice is not None and self._notice_taken():
+            self._stop_on_notice()
+
+    def _notice_taken(self):
+        """One process stops at once; workers stop after the step through
+        which they shared the notice (a step all of them ran)."""
+        if strategies.worker_count(self.model.distribute_strategy) > 1:
+            return _preemption.agreed()
+        return self._notice.received is not None
+
+    def _stop_on_notice(self):
+        """Saves the exact position (unless just saved) and ends the process."""
+        if self._since_save:
+            self._save()
+        self._notice.uninstall()
+        raise SystemExit(SAVED_ON_NOTICE)
 
     def on_epoch_end(self, epoch, logs=None):
         if self._quiet is not None:
@@ -188,6 +242,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         os.replace(self._path(_METADATA) + ".saving", self._path(_METADATA))
 
     def on_train_end(self, logs=None):
+        if self._notice is not None:
+            self._notice.uninstall()
+            self._notice = None
         chief = strategies.is_chief(self.model.distribute_strategy)
         if self.delete_checkpoint and chief:
             shutil.rmtree(self.backup_dir, ignore_errors=True)

@@ -8,6 +8,13 @@ every worker's output with a `[worker i]` prefix, and when one worker fails
 or is killed, stops the others and exits non-zero within `--grace` seconds:
 a collective never waits forever for a dead peer.
 
+SIGTERM and SIGINT sent to the launcher go to every worker: with
+`keras_ctl.callbacks.BackupAndRestore` they save and exit with code 42
+(`SAVED_ON_NOTICE`), and so does the launcher. With `--restarts K`, a job
+whose workers saved on notice (one of them was preempted) starts again, up
+to K times, and resumes from the backup; a launcher that got the signal
+itself does not restart.
+
 The script builds `tf.distribute.MultiWorkerMirroredStrategy()` (or
 `keras_ctl.strategies.multi_worker_strategy()`), which reads `TF_CONFIG`. On
 real machines, run the same script once per machine with `TF_CONFIG` (or a
@@ -26,6 +33,7 @@ import threading
 import time
 
 DEVICES_ENV = "KERAS_CTL_DEVICES_PER_WORKER"
+SAVED_ON_NOTICE = 42  # keras_ctl.callbacks.SAVED_ON_NOTICE, without TensorFlow
 
 
 def free_ports(count):
@@ -49,7 +57,15 @@ def tf_config(addresses, index):
     )
 
 
-def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out=None):
+def launch(
+    command,
+    workers,
+    devices_per_worker=1,
+    grace=10.0,
+    timeout=None,
+    out=None,
+    restarts=0,
+):
     """Runs `command` as `workers` local workers; returns the exit code.
 
     Args:
@@ -62,17 +78,46 @@ def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out
             device per worker. Defaults to `1`.
         grace: Seconds between SIGTERM and SIGKILL when stopping the
             others after a failure. Defaults to `10.0`.
-        timeout: Optional wall-clock limit for the whole job, in seconds.
+        timeout: Optional wall-clock limit for each run of the job, in seconds.
         out: Stream for the prefixed output. Defaults to `sys.stdout`.
+        restarts: How many times to start the job again after its workers
+            saved on notice (exit code 42). Defaults to `0`.
 
     Returns:
         0 when every worker succeeded; otherwise the first failing worker's
-        exit code (128 + signal number for a killed worker), or 124 on
-        timeout.
+        exit code (128 + signal number for a killed worker; 42 for workers
+        that saved on notice), or 124 on timeout.
     """
+    noticed = []
+
+    def forward(signum, frame):
+        del frame
+        noticed.append(signum)
+        for process in running:
+            _signal_group(process, signum)
+
+    running = []
+    previous = {
+        sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        while True:
+            code = _run_once(
+                command, workers, devices_per_worker, grace, timeout, out, running
+            )
+            if code != SAVED_ON_NOTICE or noticed or restarts <= 0:
+                return code
+            restarts -= 1
+            (out or sys.stdout).write("[launch] workers saved on notice; restarting\n")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_once(command, workers, devices_per_worker, grace, timeout, out, running):
     out = out or sys.stdout
     addresses = [f"127.0.0.1:{port}" for port in free_ports(workers)]
-    processes = []
+    running.clear()
     lock = threading.Lock()
     for index in range(workers):
         env = dict(
@@ -94,17 +139,25 @@ def launch(command, workers, devices_per_worker=1, grace=10.0, timeout=None, out
             bufsize=1,
             start_new_session=True,  # its own group, to stop its children too
         )
-        processes.append(process)
+        running.append(process)
         threading.Thread(
             target=_stream, args=(process, f"[worker {index}] ", out, lock), daemon=True
         ).start()
     deadline = None if timeout is None else time.monotonic() + timeout
-    code = _wait(processes, deadline)
+    code = _wait(running, deadline)
     if code != 0:
-        _stop(processes, grace)
-    for process in processes:
+        _stop(running, grace)
+    for process in running:
         process.wait()
     return code
+
+
+def _signal_group(process, sig):
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _stream(process, prefix, out, lock):
@@ -131,11 +184,7 @@ def _wait(processes, deadline):
 def _stop(processes, grace):
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for process in processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, sig)
-                except ProcessLookupError:
-                    pass
+            _signal_group(process, sig)
         end = time.monotonic() + grace
         while time.monotonic() < end and any(p.poll() is None for p in processes):
             time.sleep(0.1)
@@ -150,6 +199,12 @@ def main(argv=None):
     parser.add_argument("--devices-per-worker", type=int, default=1)
     parser.add_argument("--grace", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=0,
+        help="start the job again after its workers saved on notice, up to N times",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -160,12 +215,15 @@ def main(argv=None):
             "--workers and --devices-per-worker must be >= 1. Received: "
             f"--workers {args.workers} --devices-per-worker {args.devices_per_worker}"
         )
+    if args.restarts < 0:
+        parser.error(f"--restarts must be >= 0. Received: --restarts {args.restarts}")
     return launch(
         command,
         args.workers,
         devices_per_worker=args.devices_per_worker,
         grace=args.grace,
         timeout=args.timeout,
+        restarts=args.restarts,
     )
 
 

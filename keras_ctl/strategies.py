@@ -118,6 +118,33 @@ def is_chief(strategy=None):
     )
 
 
+def worker_count(strategy=None):
+    """Returns how many processes train together under `strategy`.
+
+    1 for a single process; the chief and the workers of a
+    `MultiWorkerMirroredStrategy` cluster.
+
+    Args:
+        strategy: The strategy in use. Defaults to the current one.
+
+    Example:
+
+    ```python
+    if keras_ctl.strategies.worker_count() > 1:
+        print("training across processes")
+    ```
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if (
+        not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        or not resolver
+    ):
+        return 1
+    cluster = resolver.cluster_spec().as_dict()
+    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+
+
 def task_index():
     """This worker's index in the cluster of `TF_CONFIG` (0 without one)."""
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")

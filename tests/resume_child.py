@@ -1,18 +1,24 @@
-"""A training run that may SIGKILL itself, for the resume tests.
+"""A training run that may SIGKILL or SIGTERM itself, for the resume tests.
 
 Usage: python resume_child.py CONFIG_JSON
 
 CONFIG_JSON keys: model ("ctl" or "gan"), strategy ("default", "mirrored2"
-or "multiworker"), backup_dir, output (JSON written at the end), callback
-("keras_ctl" or "keras"), save_freq ("epoch" or an int), kill (null, or
-[epoch, batch] with batch -1 meaning "right after the epoch's backup"),
-marker (a file: the kill happens only if it does not exist yet).
+or "multiworker"), backup_dir, output (JSON written at the end: weights and
+the number of batches this run trained), callback ("keras_ctl" or "keras"),
+save_freq ("epoch" or an int), kill (null, or [epoch, batch] with batch -1
+meaning "right after the epoch's backup"), marker (a file: the kill happens
+only if it does not exist yet; it holds the time of the kill). Optional:
+signal (SIGTERM instead of SIGKILL at `kill`), signal_worker (the one
+worker that kills itself), signal_in_save (n: the n-th backup write gets
+two SIGTERMs as it starts, once), progress (a file worker 0 writes at
+`kill` instead of killing: the test then signals the job from outside).
 """
 
 import json
 import os
 import signal
 import sys
+import time
 
 config = json.loads(sys.argv[1])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -47,15 +53,49 @@ class KillOnce(keras.callbacks.Callback):
         self.epoch = epoch
 
     def _maybe_kill(self, batch):
-        if (self.epoch, batch) == self.at and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-            os.kill(os.getpid(), signal.SIGKILL)
+        if (self.epoch, batch) != self.at or os.path.exists(self.marker):
+            return
+        index = strategies.task_index()
+        if config.get("progress"):
+            if index == 0 and not os.path.exists(config["progress"]):
+                open(config["progress"], "w").close()
+            return
+        if config.get("signal_worker", index) != index:
+            return
+        kill(self.marker, signal.SIGTERM if config.get("signal") else signal.SIGKILL)
 
     def on_train_batch_end(self, batch, logs=None):
         self._maybe_kill(batch)
 
     def on_epoch_end(self, epoch, logs=None):
         self._maybe_kill(-1)
+
+
+def kill(marker, sig, times=1):
+    with open(marker, "w") as f:
+        f.write(str(time.time()))
+    for _ in range(times):
+        os.kill(os.getpid(), sig)
+
+
+class CountBatches(keras.callbacks.Callback):
+    batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        CountBatches.batches += 1
+
+
+def signal_in_save(model, nth, marker):
+    """Makes the `nth` weights write start with two SIGTERMs (once)."""
+    save_weights, calls = model.save_weights, []
+
+    def saving(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == nth and not os.path.exists(marker):
+            kill(marker, signal.SIGTERM, times=2)
+        return save_weights(*args, **kwargs)
+
+    model.save_weights = saving
 
 
 keras.utils.set_random_seed(0)
@@ -82,9 +122,15 @@ backup_class = (
     if config["callback"] == "keras_ctl"
     else keras.callbacks.BackupAndRestore
 )
-callbacks = [backup_class(config["backup_dir"], save_freq=save_freq)]
+callbacks = [CountBatches(), backup_class(config["backup_dir"], save_freq=save_freq)]
 if config["kill"]:
-    callbacks.append(KillOnce(*config["kill"], config["marker"]))
+    killer = KillOnce(*config["kill"], config["marker"])
+    if config.get("signal"):
+        callbacks.insert(0, killer)  # the backup callback sees it at this batch
+    else:
+        callbacks.append(killer)  # batch -1: after the epoch's backup
+if config.get("signal_in_save"):
+    signal_in_save(model, config["signal_in_save"], config["marker"])
 model.fit(
     **data, batch_size=32, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks
 )
@@ -93,4 +139,10 @@ index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"
     "index"
 ]
 with open(f"{config['output']}.{index}", "w") as f:
-    json.dump({"weights": [w.tolist() for w in model.get_weights()]}, f)
+    json.dump(
+        {
+            "weights": [w.tolist() for w in model.get_weights()],
+            "batches": CountBatches.batches,
+        },
+        f,
+    )

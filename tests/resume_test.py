@@ -2,30 +2,32 @@
 
 import json
 import os
+import signal
+import time
 
 import children
 import numpy as np
 import pytest
 
+from keras_ctl.callbacks import SAVED_ON_NOTICE
+
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
 
 
-def run_child(config, workers=None):
-    """Runs one training process (or a job of `workers`); returns its exit code."""
+def child_command(config, workers=None, restarts=0):
+    """One training process, or a job of `workers` started by the launcher."""
     command = [children.PYTHON, "resume_child.py", json.dumps(config)]
     if workers:
-        command = [
-            children.PYTHON,
-            "-m",
-            "keras_ctl.launch",
-            "--workers",
-            str(workers),
-            "--grace",
-            "5",
-            "--",
-        ] + command
-    result = children.run(command, timeout=TIMEOUT_S)
+        launcher = [children.PYTHON, "-m", "keras_ctl.launch", "--workers", workers]
+        options = ["--grace", 5, "--restarts", restarts, "--"]
+        command = launcher + options + command
+    return command
+
+
+def run_child(config, workers=None, restarts=0):
+    """Runs one training process (or a job of `workers`); returns its exit code."""
+    result = children.run(child_command(config, workers, restarts), timeout=TIMEOUT_S)
     return result.returncode, children.output(result)
 
 
@@ -127,3 +129,131 @@ def test_resume_after_sigkill_matches_uninterrupted_run(
         assert len(got) == len(want)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+
+
+# SIGTERM: save on notice, exit 42, resume with the batches that were left.
+# ctl: 300 examples, batch 32: 10 batches an epoch; gan: 101, 4 an epoch.
+SIGTERM_CASES = {
+    # name: (config, batches trained before the signal's backup)
+    "ctl_2_replicas": (
+        {"model": "ctl", "strategy": "mirrored2", "kill": [1, 4], "signal": True},
+        15,
+    ),
+    "gan_2_replicas": (
+        {"model": "gan", "strategy": "mirrored2", "kill": [1, 2], "signal": True},
+        7,
+    ),
+    # Two SIGTERMs as the third backup (save_freq=2) starts writing: that
+    # backup completes, then the process ends without writing another.
+    "ctl_two_signals_while_saving": (
+        {"model": "ctl", "strategy": "mirrored2", "save_freq": 2, "signal_in_save": 3},
+        6,
+    ),
+}
+TOTAL_BATCHES = {"ctl": 30, "gan": 12}
+GRACE_PERIOD_S = 30
+
+
+@pytest.mark.parametrize("name", list(SIGTERM_CASES))
+def test_sigterm_saves_and_the_restart_trains_only_what_was_left(
+    name, tmp_path, tmp_path_factory
+):
+    config, done = SIGTERM_CASES[name]
+    config = {
+        "callback": "keras_ctl",
+        "save_freq": "epoch",
+        "kill": None,
+        "marker": str(tmp_path / "signalled"),
+        "backup_dir": str(tmp_path / "backup"),
+        "output": str(tmp_path / "resumed"),
+        **config,
+    }
+    code, log = run_child(config)
+    ended = time.time()
+    assert code == SAVED_ON_NOTICE, log
+    with open(config["marker"]) as f:
+        assert ended - float(f.read()) < GRACE_PERIOD_S
+    with open(os.path.join(config["backup_dir"], "training_metadata.json")) as f:
+        position = json.load(f)
+    per_epoch = TOTAL_BATCHES[config["model"]] // 3
+    assert position["epoch"] * per_epoch + position["batches_done"] == done
+
+    code, log = run_child(config)
+    assert code == 0, log
+    with open(f"{config['output']}.0") as f:
+        resumed = json.load(f)
+    assert resumed["batches"] == TOTAL_BATCHES[config["model"]] - done
+    reference = uninterrupted(
+        tmp_path_factory, config["model"], config["strategy"], None
+    )
+    for got, want in zip(
+        final_weights(f"{config['output']}.0"),
+        final_weights(f"{reference}.0"),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def notice_config(tmp_path, **config):
+    return {
+        "model": "ctl",
+        "strategy": "multiworker",
+        "callback": "keras_ctl",
+        "save_freq": "epoch",
+        "kill": [1, 4],
+        "signal": True,
+        "marker": str(tmp_path / "signalled"),
+        "backup_dir": str(tmp_path / "backup"),
+        "output": str(tmp_path / "resumed"),
+        **config,
+    }
+
+
+def assert_resumed_like_uninterrupted(config, tmp_path_factory, left, workers=2):
+    reference = uninterrupted(tmp_path_factory, "ctl", "multiworker", workers)
+    for index in range(workers):
+        with open(f"{config['output']}.{index}") as f:
+            assert json.load(f)["batches"] == left
+        got = final_weights(f"{config['output']}.{index}")
+        for g, w in zip(got, final_weights(f"{reference}.0"), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+
+
+def test_a_notice_to_one_worker_stops_both_at_the_same_step(tmp_path, tmp_path_factory):
+    """Worker 1 alone gets SIGTERM after batch 5 of epoch 2; the notice rides
+    the next step's all-reduce, both workers stop after batch 6 (16 of 30
+    trained), the chief's backup holds it, and `--restarts 1` resumes the
+    14 batches that were left."""
+    config = notice_config(tmp_path, signal_worker=1)
+    result = children.run(child_command(config, 2, restarts=1), timeout=TIMEOUT_S)
+    assert result.returncode == 0, children.output(result)
+    assert "workers saved on notice; restarting" in result.stdout
+    assert os.path.exists(config["marker"])
+    assert_resumed_like_uninterrupted(config, tmp_path_factory, left=14)
+
+
+def test_sigterm_to_the_launcher_reaches_every_worker(tmp_path, tmp_path_factory):
+    """SIGTERM sent to `keras-ctl launch` mid-epoch: every worker saves at the
+    same step and the job ends with 42 within the grace period."""
+    progress = tmp_path / "progress"
+    config = notice_config(tmp_path, progress=str(progress))
+    job = children.start(child_command(config, workers=2))
+    try:
+        deadline = time.time() + TIMEOUT_S
+        while not progress.exists() and job.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert progress.exists(), "the job never reached epoch 2"
+        signalled = time.time()
+        job.send_signal(signal.SIGTERM)  # the launcher only, not its group
+        result = children.finish(job, TIMEOUT_S)
+    finally:
+        children.stop(job)
+    assert time.time() - signalled < GRACE_PERIOD_S
+    assert result.returncode == SAVED_ON_NOTICE, children.output(result)
+    with open(os.path.join(config["backup_dir"], "training_metadata.json")) as f:
+        position = json.load(f)
+    done = position["epoch"] * 10 + position["batches_done"]
+    assert 15 <= done < 30  # after the progress mark, before the end
+    code, log = run_child(config, workers=2)
+    assert code == 0, log
+    assert_resumed_like_uninterrupted(config, tmp_path_factory, left=30 - done)

@@ -27,7 +27,9 @@ collective for all the logs.
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl import _preemption
 from keras_ctl import outputs as outputs_module
+from keras_ctl import strategies
 from keras_ctl._engine.iterators import opened
 
 
@@ -39,6 +41,10 @@ def make_step_function(model, step, plan, resumable=False):
     train function) follows the model's `ResumePlan` when it has one.
     """
     strategy = model.distribute_strategy
+    # Workers share a preemption notice through the logs' all-reduce.
+    notice = None
+    if strategies.worker_count(strategy) > 1:
+        notice = _preemption.notice_variable()
 
     @tf.autograph.experimental.do_not_convert
     def run_step(data):
@@ -48,6 +54,9 @@ def make_step_function(model, step, plan, resumable=False):
     def replica_logs(outputs):
         # The logs' collective comes after the updates' (collective order
         # must be the same on every replica).
+        if notice is not None and isinstance(outputs, dict):
+            shared = outputs_module.ReplicaSum(notice.read_value())
+            outputs = {**outputs, _preemption.NOTICE_LOG: shared}
         with tf.control_dependencies(_updates_done(model)):
             return outputs_module.all_reduce_logs(outputs, model.metrics)
 
@@ -104,12 +113,14 @@ def make_step_function(model, step, plan, resumable=False):
                 model._resume_plan = None
             else:
                 resume.before_call(iterator, steps)
+        if notice is not None:
+            _preemption.before_step()
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            return multi_step(iterator)
+            return _preemption.after_step(multi_step(iterator))
         # `train_on_batch` and friends pass a plain Python iterator.
         for data in iterator:
             logs = one_step(data)
-        return logs
+        return _preemption.after_step(logs)
 
     return StepFunction(call, multi_step)
 

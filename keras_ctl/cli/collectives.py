@@ -14,7 +14,7 @@ taking its batch from the distributed iterator inside its step function as
 `fit()` does (the iterator's own "has data" all-reduce counts for both).
 
 With `--rounds N TIMINGS.json` it also times `CTLModel.fit` (with and
-without the metric) against the hand loop, interleaved in N rounds of 32
+without the metric) against the hand loop, interleaved in N rounds of 128
 steps, and writes median steps/s and the median per-round ratio.
 """
 
@@ -77,7 +77,7 @@ def measure(strategy):
     return counts
 
 
-def time_candidates(strategy, rounds, steps=32):
+def time_candidates(strategy, rounds, steps=128):
     """`{candidate: median steps/s}` and the median CTLModel / loop ratios."""
     import statistics
     import time
