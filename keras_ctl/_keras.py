@@ -27,14 +27,17 @@ __all__ = [
     "RAN_OUT_OF_DATA",
     "Functional",
     "SymbolicBuildFromFirstReplica",
+    "add_metric_update",
     "add_to_mean",
     "compile_loss",
     "compile_loss_terms",
+    "compile_metrics",
     "end_epoch_early",
     "functional_init_arguments",
     "gradients_already_summed",
     "loss_tracker",
     "mask_of",
+    "one_copy_of_each_variable",
     "pack_like_compile_loss",
     "per_output_loss_trackers",
     "register_under_name",
@@ -118,8 +121,41 @@ def add_to_mean(tracker, total, count):
     exact step adds a share of a global value with a weight of its own.
     `total`/`count` are Mean's variables (not underscored, not documented).
     """
-    tracker.total.assign_add(tf.cast(total, tracker.dtype))
-    tracker.count.assign_add(tf.cast(count, tracker.dtype))
+    _add(tracker.total, tf.cast(total, tracker.dtype))
+    _add(tracker.count, tf.cast(count, tracker.dtype))
+
+
+def _add(variable, value):
+    # Keras's `Variable.assign_add` is `assign(self + value)`: under a
+    # strategy that sums every replica's assignment into one copy
+    # (CentralStorageStrategy), that adds the variable R times. The
+    # TensorFlow variable underneath (`Variable.value`) adds `value` once.
+    variable.value.assign_add(value)
+
+
+def one_copy_of_each_variable(strategy):
+    """Whether `strategy` keeps one copy of each variable, which replica
+    updates reach through `merge_call` (`CentralStorageStrategy`)."""
+    return isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+
+
+def compile_metrics(model):
+    """The `CompileMetrics` built by `compile(metrics=...)`, or `None`
+    (`Trainer._compile_metrics`)."""
+    return model._compile_metrics
+
+
+def add_metric_update(metric, *args):
+    """Adds `metric`'s update on this replica's data to its variables.
+
+    `stateless_update_state` gives the updated state without assigning it;
+    its difference from the current state is added with `_add`, which
+    stays right where Keras's `assign_add` counts a variable R times.
+    """
+    current = [variable.value for variable in metric.variables]
+    updated = metric.stateless_update_state(current, *args)
+    for variable, old, new in zip(metric.variables, current, updated):
+        _add(variable, new - old)
 
 
 def user_compute_loss(model, x, y, y_pred, sample_weight, training):

@@ -281,6 +281,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         if blocks.num_replicas() == 1:
             update()
+        elif _keras.one_copy_of_each_variable(self.distribute_strategy):
+            # A padded replica updates with no example (a `tf.cond` cannot
+            # hold the `merge_call` of these variables' updates).
+            real = tf.cast(shares.local_batch_size, tf.int32)
+            x, y, y_pred, sample_weight = tree.map_structure(
+                lambda t: None if t is None else t[:real], (x, y, y_pred, sample_weight)
+            )
+            compile_metrics = _keras.compile_metrics(self)
+            if compile_metrics is not None:
+                _keras.add_metric_update(compile_metrics, y, y_pred, sample_weight)
         else:
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))

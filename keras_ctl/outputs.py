@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from keras_ctl import _keras
 from keras_ctl._engine.replicas import all_reduce_sum
 from keras_ctl._engine.replicas import num_replicas
 
@@ -139,6 +140,7 @@ def all_reduce_logs(outputs, metrics=()):
 def _metric_results(outputs, metrics, batch):
     """`{name: finish(sums)}` for the untyped outputs named after metrics."""
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
+    central = _keras.one_copy_of_each_variable(tf.distribute.get_strategy())
     finishers = {}
     for metric in metrics:
         if metric.name in wanted:
@@ -148,12 +150,16 @@ def _metric_results(outputs, metrics, batch):
             names = set(local) & wanted if isinstance(local, dict) else set()
             if not names:
                 continue
-        state = [batch.add(variable.value) for variable in metric.variables]
-        result = _cached(
-            lambda sums, metric=metric, state=state: metric.stateless_result(
-                [part(sums) for part in state]
+        if central:
+            # One copy of each variable, updated with every replica's part.
+            result = _cached(lambda sums, metric=metric: metric.result())
+        else:
+            state = [batch.add(variable.value) for variable in metric.variables]
+            result = _cached(
+                lambda sums, metric=metric, state=state: metric.stateless_result(
+                    [part(sums) for part in state]
+                )
             )
-        )
         if names is None:
             finishers[metric.name] = result
             wanted.discard(metric.name)

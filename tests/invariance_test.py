@@ -94,6 +94,20 @@ def test_mirrored_matches_one_device_keras(replicas, case, mirrored_results, ref
     assert_same_run(mirrored_results[replicas][case], reference[case])
 
 
+@pytest.mark.parametrize("case", cases.INVARIANCE_CASES)
+def test_central_storage_matches_one_device_keras(case, reference):
+    """Variables on one device, 2 replicas computing: exact, logs too (Keras's
+    own metrics add a variable R times there: `assign(self + value)`)."""
+    got = cases.run(case, strategy=strategies.get("centralstorage"))
+    assert_same_run(got, reference[case])
+
+
+def test_central_storage_gan_matches_one_device(gan_reference):
+    got = cases.run_gan(strategies.get("centralstorage"))
+    assert_same_run(got, gan_reference["gan"])
+    assert got["iterations"] == gan_reference["gan"]["iterations"]
+
+
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_parity_with_tutorial_loop(replicas, mirrored_results, in_process_results):
     runs = (

@@ -36,4 +36,7 @@ def get(kind):
     if kind == "mirrored":
         devices = [f"/cpu:{i}" for i in range(IN_PROCESS_REPLICAS)]
         return tf.distribute.MirroredStrategy(devices)
+    if kind == "centralstorage":
+        devices = [f"/cpu:{i}" for i in range(IN_PROCESS_REPLICAS)]
+        return tf.distribute.experimental.CentralStorageStrategy(devices)
     raise ValueError(f"Unknown strategy kind: {kind}")
