@@ -11,6 +11,7 @@ from keras_ctl._engine import loop
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.replicas import valued_as_global
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -199,14 +200,23 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        """Returns this replica's share of the compiled loss plus `self.losses`.
+        """Returns the loss of the global batch, differentiable as this
+        replica's share of it.
 
-        The shares of all replicas sum to the loss one device computes on the
-        global batch. Outside `strategy.run` it is the plain loss.
+        Its value is the loss one device computes on the global batch (the
+        compiled loss plus `self.losses`), the same on every replica, so a
+        step written the keras.io way logs it as one device does
+        (`metric.update_state(loss)` on the `loss` tracker). Its gradient is
+        this replica's share: the replicas' gradients sum to one device's,
+        as `optimizer.apply` sums them. Outside `strategy.run` it is the
+        plain loss.
         """
         del training
         batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
-        return forward.default_loss_share(self, y, y_pred, sample_weight, batch_size)[0]
+        share, _ = forward.default_loss_share(
+            self, y, y_pred, sample_weight, batch_size
+        )
+        return valued_as_global(share)
 
     def make_train_function(self, force=False):
         if self.train_function is None or force:

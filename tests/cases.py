@@ -60,6 +60,112 @@ OPTIMIZER_CASES = {
 }
 
 
+def keras_io_guide_model(base, step):
+    """A model class of the keras.io guide "Customizing what happens in
+    fit()" (TensorFlow), copied as written with `keras.Model` as `base`."""
+    import tensorflow as tf
+
+    class CustomModel(base):
+        def train_step(self, data):
+            # Unpack the data. Its structure depends on your model and
+            # on what you pass to `fit()`.
+            x, y = data
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)  # Forward pass
+                # Compute the loss value
+                # (the loss function is configured in `compile()`)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+
+            # Compute gradients
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+
+            # Update weights
+            self.optimizer.apply(gradients, trainable_vars)
+
+            # Update metrics (includes the metric that tracks the loss)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+
+            # Return a dict mapping metric names to current value
+            return {m.name: m.result() for m in self.metrics}
+
+    class SampleWeightModel(base):
+        def train_step(self, data):
+            # Unpack the data. Its structure depends on your model and
+            # on what you pass to `fit()`.
+            if len(data) == 3:
+                x, y, sample_weight = data
+            else:
+                sample_weight = None
+                x, y = data
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)  # Forward pass
+                # Compute the loss value.
+                # The loss function is configured in `compile()`.
+                loss = self.compute_loss(
+                    y=y,
+                    y_pred=y_pred,
+                    sample_weight=sample_weight,
+                )
+
+            # Compute gradients
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+
+            # Update weights
+            self.optimizer.apply(gradients, trainable_vars)
+
+            # Update the metrics.
+            # Metrics are configured in `compile()`.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred, sample_weight=sample_weight)
+
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    class TestStepModel(CustomModel):
+        def test_step(self, data):
+            # Unpack the data
+            x, y = data
+            # Compute predictions
+            y_pred = self(x, training=False)
+            # Updates the metrics tracking the loss
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+            # Update the metrics.
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            # Return a dict mapping metric names to current value.
+            # Note that it will include the loss (tracked in self.metrics).
+            return {m.name: m.result() for m in self.metrics}
+
+    return {
+        "train_step": CustomModel,
+        "sample_weight": SampleWeightModel,
+        "test_step": TestStepModel,
+    }[step]
+
+
+# The keras.io guide's steps, on 101 digits in batches of 16 (uneven).
+GUIDE_CASES = {
+    "guide_train_step": "train_step",
+    "guide_sample_weight": "sample_weight",
+    "guide_test_step": "test_step",
+}
+
+
 def build(case, model_class):
     """Returns `(model, fit_kwargs, eval_kwargs)` for `case`."""
     inputs = keras.Input((8, 8, 1))
@@ -80,6 +186,15 @@ def build(case, model_class):
         data = {"x": x, "y": y}
         if case == "sample_weight":
             data["sample_weight"] = np.linspace(0.1, 2.0, n).astype("float32")
+        compile_kwargs["metrics"] = ["accuracy"]
+    elif case in GUIDE_CASES:
+        model_class = keras_io_guide_model(model_class, GUIDE_CASES[case])
+        outputs = _dense(10, 2)(_conv_body(inputs))
+        x, y = digits(101)
+        batch = 16
+        data = {"x": x, "y": y}
+        if case == "guide_sample_weight":
+            data["sample_weight"] = np.linspace(0.1, 2.0, 101).astype("float32")
         compile_kwargs["metrics"] = ["accuracy"]
     elif case == "per_pixel":
         outputs = keras.layers.Conv2D(
@@ -144,6 +259,7 @@ INVARIANCE_CASES = (
     "sample_weight",
     "multi_output",
     *OPTIMIZER_CASES,
+    *GUIDE_CASES,
 )
 
 

@@ -560,3 +560,35 @@ def test_a_built_model_reads_no_extra_batch_under_a_strategy():
     model.fit(dataset, epochs=1, verbose=0)
     # The first fit reads a batch to build the model; a built model does not.
     assert len(iterators) - unbuilt_fit == unbuilt_fit - 1
+
+
+class ReadmeStep(keras_ctl.CTLModel):
+    """The README's custom step, as written there."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            reg = keras_ctl.scaled_regularization_loss(self.losses)  # read first
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, y_pred, from_logits=True
+            )
+            loss = keras_ctl.global_mean(per_example) + reg
+        keras_ctl.minimize(loss, self.trainable_variables, self.optimizer, tape)
+        return {"batch_loss": keras_ctl.ReplicaSum(loss)}
+
+
+def test_the_readme_step_logs_its_last_batch_loss():
+    x, y = small_data(37)  # the last batch: 5 examples
+    runs = {}
+    for where in ("default", "mirrored"):
+        with strategies.get(where).scope():
+            model = functional(ReadmeStep)
+            model.compile(optimizer=keras.optimizers.SGD(0.1))
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        runs[where] = model, history.history["batch_loss"]
+    (one, one_losses), (two, two_losses) = runs["default"], runs["mirrored"]
+    assert_weights_equal(two, one)
+    np.testing.assert_allclose(two_losses, one_losses, atol=ATOL)
+    # The last batch's loss, from the trained weights of the step before.
+    assert all(loss > 0.1 for loss in one_losses)

@@ -94,10 +94,14 @@ def test_mirrored_matches_one_device_keras(replicas, case, mirrored_results, ref
     assert_same_run(mirrored_results[replicas][case], reference[case])
 
 
-@pytest.mark.parametrize("case", cases.INVARIANCE_CASES)
+@pytest.mark.parametrize(
+    "case", [c for c in cases.INVARIANCE_CASES if c not in cases.GUIDE_CASES]
+)
 def test_central_storage_matches_one_device_keras(case, reference):
     """Variables on one device, 2 replicas computing: exact, logs too (Keras's
-    own metrics add a variable R times there: `assign(self + value)`)."""
+    own metrics add a variable R times there: `assign(self + value)`; a
+    step that updates metrics itself, like the keras.io guide's, keeps that
+    error)."""
     got = cases.run(case, strategy=strategies.get("centralstorage"))
     assert_same_run(got, reference[case])
 

@@ -22,6 +22,8 @@ NAMES = [
     "gan",
     "dataset_data_policy",
     "predict",
+    "global_clipnorm",
+    *cases.GUIDE_CASES,
 ]
 
 

@@ -33,6 +33,7 @@ from keras_ctl import blocks
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import shares_as_they_are
 
 
 def forward_and_loss(
@@ -62,7 +63,10 @@ def forward_and_loss(
     if y_pred is None:
         y_pred = model(x, training=training)
     if not uses_default_loss:
-        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
+        with shares_as_they_are():
+            loss = _keras.user_compute_loss(
+                model, x, y, y_pred, sample_weight, training
+            )
         return y_pred, loss, loss_module.count_only_shares(batch_size)
     loss, shares = default_loss_share(
         model, y, y_pred, sample_weight, batch_size, global_batch

@@ -342,9 +342,9 @@ def format_call_cost_row(row):
     )
 
 
-def measure_collectives(workers, rounds):
-    """Collectives per step, and timings of `rounds` interleaved rounds,
-    under `workers` local worker processes: `(counts, timings)`."""
+def measure_collectives(workers, rounds, steps):
+    """Collectives per step, and timings of `rounds` interleaved rounds of
+    `steps`, under `workers` local worker processes: `(counts, timings)`."""
     import json
     import subprocess
     import sys
@@ -365,9 +365,12 @@ def measure_collectives(workers, rounds):
                 *python,
                 "keras_ctl.cli.collectives",
                 counts,
+                "--timings",
+                timings,
                 "--rounds",
                 str(rounds),
-                timings,
+                "--steps",
+                str(steps),
             ],
             check=True,
             capture_output=True,
@@ -455,7 +458,7 @@ def run(args):
     print("\n" + COLLECTIVES_HEADER, flush=True)
     collective_rows, timing_rows = [], []
     for workers in args.workers:
-        counts, timings = measure_collectives(workers, args.rounds)
+        counts, timings = measure_collectives(workers, args.rounds, args.steps)
         rows = format_collectives_rows(workers, counts)
         print("\n".join(rows), flush=True)
         collective_rows += rows

@@ -13,11 +13,13 @@ and `GAN.fit` (`d_steps=1`), and the hand-written loops they replace, each
 taking its batch from the distributed iterator inside its step function as
 `fit()` does (the iterator's own "has data" all-reduce counts for both).
 
-With `--rounds N TIMINGS.json` it also times `CTLModel.fit` (with and
-without the metric) against the hand loop, interleaved in N rounds of 128
-steps, and writes median steps/s and the median per-round ratio.
+With `--timings TIMINGS.json [--rounds 11] [--steps 128]` it also times
+`CTLModel.fit` (with and without the metric) against the hand loop,
+interleaved in rounds of one `fit()` call each, and writes median steps/s
+and the median per-round ratios.
 """
 
+import argparse
 import functools
 import json
 import sys
@@ -220,10 +222,16 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     from keras_ctl import strategies
 
+    parser = argparse.ArgumentParser(prog="python -m keras_ctl.cli.collectives")
+    parser.add_argument("out")
+    parser.add_argument("--timings", help="also time the candidates, into this file")
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--steps", type=int, default=128)
+    args = parser.parse_args(argv)
     strategy = strategies.multi_worker_strategy()  # first: reads TF_CONFIG
-    results = {argv[0]: measure(strategy)}
-    if len(argv) == 4 and argv[1] == "--rounds":
-        results[argv[3]] = time_candidates(strategy, int(argv[2]))
+    results = {args.out: measure(strategy)}
+    if args.timings:
+        results[args.timings] = time_candidates(strategy, args.rounds, args.steps)
     if strategies.is_chief(strategy):
         for path, values in results.items():
             with open(path, "w") as f:
