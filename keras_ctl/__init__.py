@@ -9,7 +9,8 @@ The public surface, re-exported here:
 - typed step outputs (`keras_ctl.outputs`): `ReplicaSum`, `ExampleMean`,
   `Synchronized`;
 - modules: `callbacks` (`BackupAndRestore`), `strategies`, `datasets`,
-  `launch`, and `tuning` (`CTLHyperModel`; needs keras-tuner, imported
+  `testing` (the parity kit, `assert_replica_invariant`), `launch`, and
+  `tuning` (`CTLHyperModel`; needs keras-tuner, imported
   when first used).
 """
 
@@ -40,6 +41,7 @@ if _keras_module.backend.backend() != "tensorflow":  # pragma: no cover
 from keras_ctl import callbacks  # noqa: E402
 from keras_ctl import datasets  # noqa: E402
 from keras_ctl import strategies  # noqa: E402
+from keras_ctl import testing  # noqa: E402
 from keras_ctl.blocks import all_reduce_sum  # noqa: E402
 from keras_ctl.blocks import global_mean  # noqa: E402
 from keras_ctl.blocks import minimize  # noqa: E402
@@ -81,4 +83,5 @@ __all__ = [
     "num_replicas",
     "scaled_regularization_loss",
     "strategies",
+    "testing",
 ]

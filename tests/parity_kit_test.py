@@ -1,0 +1,129 @@
+"""The parity kit passes an exact model and fails, with a table, on a step
+that divides by its local batch."""
+
+import children
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_ctl
+from keras_ctl.testing import assert_replica_invariant
+
+pytestmark = pytest.mark.slow
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.random((101, 8), dtype=np.float32)  # batches of 16: the last 3 + 2
+    y = (x[:, :3].argmax(axis=1)).astype("int32")
+    return x, y
+
+
+def layers():
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+    return inputs, keras.layers.Dense(3)(hidden)
+
+
+def build_exact():
+    model = keras_ctl.CTLModel(*layers())
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+class LocalMean(keras_ctl.CTLModel):
+    """The tutorial's mistake: each replica's mean over its own examples."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                y, self(x, training=True), from_logits=True
+            )
+            loss = tf.reduce_mean(per_example) / keras_ctl.num_replicas()
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        return {"step_loss": keras_ctl.ReplicaSum(loss)}
+
+
+def build_local_mean():
+    model = LocalMean(*layers())
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model
+
+
+def test_an_exact_model_passes_with_its_report():
+    x, y = data()
+    report = assert_replica_invariant(
+        build_exact, x, y, batch_size=16, replicas=(2, 3), epochs=2
+    )
+    assert set(report) == {2, 3}
+    for differences in report.values():
+        assert set(differences) == {
+            "weights",
+            "history/loss",
+            "history/accuracy",
+            "evaluate/loss",
+            "evaluate/accuracy",
+        }
+        assert max(differences.values()) <= 1e-5
+
+
+def test_a_local_mean_fails_with_a_table():
+    x, y = data()
+    with pytest.raises(AssertionError) as failure:
+        assert_replica_invariant(build_local_mean, x, y, batch_size=16, replicas=(2,))
+    message = str(failure.value)
+    assert "| replicas | value | one device | R replicas | difference |" in message
+    row = next(
+        line for line in message.splitlines() if line.startswith("| 2 | weights")
+    )
+    assert float(row.rstrip(" |").rsplit("|", 1)[1]) > 1e-5
+
+
+def test_a_nested_build_function_is_refused():
+    def build():
+        return build_exact()
+
+    with pytest.raises(ValueError, match="module-level function"):
+        assert_replica_invariant(build, *data(), batch_size=16)
+
+
+SCRIPT = '''
+import keras
+import numpy as np
+import keras_ctl
+from keras_ctl.testing import assert_replica_invariant
+
+
+def build():
+    inputs = keras.Input((4,))
+    model = keras_ctl.CTLModel(inputs, keras.layers.Dense(2)(inputs))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer="sgd", loss=loss)
+    return model
+
+
+if __name__ == "__main__":
+    x = np.random.default_rng(0).random((37, 4), dtype="float32")
+    y = (x[:, 0] > 0.5).astype("int32")
+    report = assert_replica_invariant(build, x, y, batch_size=8, replicas=(2,))
+    print("largest difference", max(report[2].values()))
+'''
+
+
+def test_the_kit_runs_from_a_script(tmp_path):
+    script = tmp_path / "check_parity.py"
+    script.write_text(SCRIPT)
+    result = children.run([children.PYTHON, script], timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, children.output(result)
+    largest = float(result.stdout.strip().rsplit(" ", 1)[1])
+    assert largest <= 1e-5
