@@ -188,7 +188,15 @@ class SymbolicBuildFromFirstReplica:
         if iterator is not None:
             iterator = _first_replica_batches(iterator, strategy)
         with strategy.scope():
-            self._symbolic_build(iterator=iterator, data_batch=data_batch)
+            try:
+                self._symbolic_build(iterator=iterator, data_batch=data_batch)
+            except StopIteration:
+                raise ValueError(
+                    "Expected the data to hold at least one batch: the model "
+                    "is built from the first one. Received: data without any "
+                    "batch (an empty array or dataset, or `steps` past its "
+                    "end). Pass data with examples, or build the model first."
+                ) from None
         if epoch_iterator is not None:
             _defer_iterators(epoch_iterator)
 

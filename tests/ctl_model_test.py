@@ -592,3 +592,13 @@ def test_the_readme_step_logs_its_last_batch_loss():
     np.testing.assert_allclose(two_losses, one_losses, atol=ATOL)
     # The last batch's loss, from the trained weights of the step before.
     assert all(loss > 0.1 for loss in one_losses)
+
+
+@pytest.mark.parametrize("call", ["fit", "evaluate"])
+def test_empty_data_under_a_strategy_names_the_problem(call):
+    x, y = np.zeros((0, 4), "float32"), np.zeros((0,), "int32")
+    with strategies.get("mirrored").scope():
+        model = compile_classifier(functional())
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    with pytest.raises(ValueError, match="Received: data without any batch"):
+        getattr(model, call)(dataset, verbose=0)
