@@ -168,16 +168,20 @@ def user_compute_loss(model, x, y, y_pred, sample_weight, training):
 
 
 class SymbolicBuildFromFirstReplica:
-    """A `keras.Model` mixin: build from the first replica's batch shapes.
+    """A `keras.Model` mixin: build from the data's shapes, reading nothing.
 
     `fit()`, `evaluate()` and `predict()` call the TensorFlow trainer's
     `_maybe_symbolic_build` before the first step. Keras builds from
     `strategy.reduce("MEAN", first_batch)`, which fails for uneven
     per-replica batches and under MultiWorkerMirroredStrategy
-    (keras-team/keras#20585). Shapes are all `Trainer._symbolic_build`
-    needs, so it gets the first replica's part of the first batch, read only
-    when something is unbuilt (each read opens a multi-device iterator,
-    about 0.2 s on CPU). There is no public hook before the first step.
+    (keras-team/keras#20585). Shapes and dtypes are all
+    `Trainer._symbolic_build` needs (it makes `KerasTensor`s of them), so it
+    gets the element spec of the epoch iterator's dataset
+    (`EpochIterator.data_adapter.get_tf_dataset()`): no batch is read, so a
+    Python generator loses none (a read batch, and the iterator's prefetch,
+    would be lost) and no multi-device iterator is opened (about 0.2 s on
+    CPU). Data whose spec is unknown gives the first replica's part of its
+    first batch instead. There is no public hook before the first step.
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
@@ -185,8 +189,12 @@ class SymbolicBuildFromFirstReplica:
             return  # Keras builds when the step is traced.
         strategy = self.distribute_strategy
         epoch_iterator = iterator
-        if iterator is not None:
-            iterator = _first_replica_batches(iterator, strategy)
+        if iterator is not None and data_batch is None:
+            data_batch = _batch_spec(iterator)
+            if data_batch is None:
+                iterator = _first_replica_batches(iterator, strategy)
+            else:
+                iterator = None
         with strategy.scope():
             try:
                 self._symbolic_build(iterator=iterator, data_batch=data_batch)
@@ -199,6 +207,18 @@ class SymbolicBuildFromFirstReplica:
                 ) from None
         if epoch_iterator is not None:
             _defer_iterators(epoch_iterator)
+
+
+def _batch_spec(epoch_iterator):
+    """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    try:
+        dataset = adapter.get_tf_dataset()
+    except Exception:  # an adapter without a tf.data form
+        return None
+    if not isinstance(dataset, tf.data.Dataset):
+        return None  # e.g. a dataset the user distributed already
+    return dataset.element_spec
 
 
 def _defer_iterators(epoch_iterator):
