@@ -629,3 +629,35 @@ def test_a_python_generator_under_a_strategy_loses_no_batch():
         runs[where] = model, counter.batches
     assert runs["default"][1] == runs["mirrored"][1] == 7
     assert_weights_equal(runs["mirrored"][0], runs["default"][0])
+
+
+class Batches(keras.utils.PyDataset):
+    """101 examples in 7 batches of up to 16."""
+
+    def __init__(self, x, y, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return 7
+
+    def __getitem__(self, index):
+        part = slice(index * 16, (index + 1) * 16)
+        return self.x[part], self.y[part]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_py_dataset_under_a_strategy_equals_one_device(workers):
+    x, y = small_data(101)
+    runs = {}
+    for where in ("default", "mirrored"):
+        with strategies.get(where).scope():
+            model = compile_classifier(functional())
+        data = Batches(x, y, workers=workers if where == "mirrored" else 1)
+        runs[where] = model.fit(data, epochs=2, shuffle=False, verbose=0), model
+    assert_weights_equal(runs["mirrored"][1], runs["default"][1])
+    np.testing.assert_allclose(
+        runs["mirrored"][0].history["loss"],
+        runs["default"][0].history["loss"],
+        atol=ATOL,
+    )
