@@ -12,6 +12,7 @@ Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
 import contextlib
 import threading
 
+import keras
 import tensorflow as tf
 from keras import tree
 from keras.src.backend import get_keras_mask as _get_keras_mask
@@ -185,8 +186,10 @@ class SymbolicBuildFromFirstReplica:
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        if self._distribute_strategy is None:
-            return  # Keras builds when the step is traced.
+        if self._distribute_strategy is None or not _callable_model(self):
+            # Keras builds when the step is traced (a model without `call`,
+            # like the keras.io guide's GAN, can only be built so).
+            return
         strategy = self.distribute_strategy
         epoch_iterator = iterator
         if iterator is not None and data_batch is None:
@@ -207,6 +210,11 @@ class SymbolicBuildFromFirstReplica:
                 ) from None
         if epoch_iterator is not None:
             _defer_iterators(epoch_iterator)
+
+
+def _callable_model(model):
+    """Whether `model` defines a forward pass (`call`, or a functional graph)."""
+    return isinstance(model, Functional) or type(model).call is not keras.Model.call
 
 
 def _batch_spec(epoch_iterator):

@@ -24,6 +24,7 @@ costs one collective per metric variable. Here every output follows
 collective for all the logs.
 """
 
+import keras
 import tensorflow as tf
 from keras import tree
 
@@ -102,8 +103,10 @@ def make_step_function(model, step, plan, resumable=False):
         )
         return reduce_logs(outputs)
 
+    eager_multi_step = multi_step
     if not plan.run_eagerly:
         multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
+    first_call = [True]
 
     def call(iterator):
         iterator = opened(iterator)
@@ -116,7 +119,13 @@ def make_step_function(model, step, plan, resumable=False):
         if notice is not None:
             _preemption.before_step()
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            return _preemption.after_step(multi_step(iterator))
+            run = multi_step
+            if first_call[0] and _creates_optimizer_variables(model):
+                # Optimizers that the step builds on first use (the keras.io
+                # GAN's) cannot create variables in a traced replica step.
+                run = eager_multi_step
+            first_call[0] = False
+            return _preemption.after_step(run(iterator))
         # `train_on_batch` and friends pass a plain Python iterator.
         for data in iterator:
             logs = one_step(data)
@@ -213,6 +222,18 @@ def _gather_batch(value, strategy):
         return strategy.experimental_local_results(value)[0]
     # `gather` orders replicas globally, across workers too.
     return strategy.gather(value, axis=0)
+
+
+def _creates_optimizer_variables(model):
+    """Whether the model holds optimizers that a multi-replica step would
+    build on first use: attributes that `optimizers_and_variables()` does
+    not list (so were not built before the first step)."""
+    if model.distribute_strategy.num_replicas_in_sync == 1:
+        return False
+    return any(
+        isinstance(value, keras.optimizers.Optimizer) and not value.built
+        for value in vars(model).values()
+    )
 
 
 def _updates_done(model):
