@@ -17,12 +17,16 @@ import tensorflow as tf
 from keras import tree
 from keras.src.backend import get_keras_mask as _get_keras_mask
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.losses import loss as _loss_module
 from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.saving import object_registration
 
 from keras_ctl._engine.iterators import DeferredDataset
+from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import num_replicas
+from keras_ctl._engine.replicas import valued_as_global
 
 __all__ = [
     "RAN_OUT_OF_DATA",
@@ -34,6 +38,7 @@ __all__ = [
     "compile_loss_terms",
     "compile_metrics",
     "end_epoch_early",
+    "exact_keras_losses",
     "functional_init_arguments",
     "gradients_already_summed",
     "loss_tracker",
@@ -333,3 +338,67 @@ def _install_summed_gradients_switch():
 
         all_reduce_sum_gradients._keras_ctl = True
         TFOptimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
+
+
+_in_step = threading.local()
+
+
+@contextlib.contextmanager
+def exact_keras_losses():
+    """Within it (in this thread), a Keras `Loss` object called in a replica
+    step returns the global batch's loss, differentiable as this replica's
+    share of it.
+
+    Keras reduces a `Loss` on each replica (`sum / local count`) and then
+    divides by the replica count (`losses.loss.reduce_values` calls
+    `scale_loss_for_distribution`): a mean of per-replica means, 1/R of it
+    in each replica's value. A step written the keras.io way (`loss =
+    self.loss_fn(y, y_pred)`, then `optimizer.apply` and
+    `tracker.update_state(loss)`) then trains on the wrong mean for uneven
+    batches and logs 1/R. Here the local sum and count are all-reduced
+    together (one collective): the value is the global mean on every
+    replica, the gradient the local sum over the global count, and the
+    replicas' gradients sum to one device's. `reduction=None` is untouched;
+    `"sum"` gives the global sum. Checked on Keras 3.12.0 and 3.15.1.
+    """
+    _install_exact_reduce_values()
+    previous = getattr(_in_step, "active", False)
+    _in_step.active = True
+    try:
+        yield
+    finally:
+        _in_step.active = previous
+
+
+def _install_exact_reduce_values():
+    with _patch_lock:
+        original = _loss_module.reduce_values
+        if getattr(original, "_keras_ctl", False):
+            return
+
+        def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
+            if (
+                not getattr(_in_step, "active", False)
+                or num_replicas() == 1
+                or tf.distribute.get_replica_context() is None
+                or reduction is None
+                or reduction == "none"
+                or values.shape.rank == 0
+            ):
+                return original(values, sample_weight, reduction)
+            local_sum = tf.reduce_sum(values)
+            if reduction == "sum":
+                return valued_as_global(local_sum)
+            if reduction == "mean_with_sample_weight" and sample_weight is not None:
+                count = tf.reduce_sum(tf.cast(sample_weight, local_sum.dtype))
+            else:
+                count = tf.cast(tf.size(values), local_sum.dtype)
+            total, global_count = tf.unstack(
+                all_reduce_sum(tf.stack([tf.stop_gradient(local_sum), count]))
+            )
+            share = tf.math.divide_no_nan(local_sum, global_count)
+            mean = tf.math.divide_no_nan(total, global_count)
+            return share + tf.stop_gradient(mean - share)
+
+        reduce_values._keras_ctl = True
+        _loss_module.reduce_values = reduce_values

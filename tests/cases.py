@@ -151,10 +151,48 @@ def keras_io_guide_model(base, step):
             # Note that it will include the loss (tracked in self.metrics).
             return {m.name: m.result() for m in self.metrics}
 
+    class LowerLevelModel(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+            self.loss_fn = keras.losses.MeanSquaredError()
+
+        def train_step(self, data):
+            x, y = data
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)  # Forward pass
+                # Compute our own loss
+                loss = self.loss_fn(y, y_pred)
+
+            # Compute gradients
+            trainable_vars = self.trainable_variables
+            gradients = tape.gradient(loss, trainable_vars)
+
+            # Update weights
+            self.optimizer.apply(gradients, trainable_vars)
+
+            # Compute our own metrics
+            self.loss_tracker.update_state(loss)
+            self.mae_metric.update_state(y, y_pred)
+            return {
+                "loss": self.loss_tracker.result(),
+                "mae": self.mae_metric.result(),
+            }
+
+        @property
+        def metrics(self):
+            # We list our `Metric` objects here so that `reset_states()` can be
+            # called automatically at the start of each epoch
+            # or at the start of `evaluate()`.
+            return [self.loss_tracker, self.mae_metric]
+
     return {
         "train_step": CustomModel,
         "sample_weight": SampleWeightModel,
         "test_step": TestStepModel,
+        "lower_level": LowerLevelModel,
     }[step]
 
 
@@ -163,6 +201,7 @@ GUIDE_CASES = {
     "guide_train_step": "train_step",
     "guide_sample_weight": "sample_weight",
     "guide_test_step": "test_step",
+    "guide_lower_level": "lower_level",
 }
 
 
@@ -187,6 +226,13 @@ def build(case, model_class):
         if case == "sample_weight":
             data["sample_weight"] = np.linspace(0.1, 2.0, n).astype("float32")
         compile_kwargs["metrics"] = ["accuracy"]
+    elif case == "guide_lower_level":  # its own MSE loss and trackers
+        model_class = keras_io_guide_model(model_class, GUIDE_CASES[case])
+        outputs = _dense(1, 2)(_conv_body(inputs))
+        x, _ = digits(101)
+        batch = 16
+        data = {"x": x, "y": x.mean(axis=(1, 2))}
+        loss = "mse"  # for evaluate(); the step uses its own
     elif case in GUIDE_CASES:
         model_class = keras_io_guide_model(model_class, GUIDE_CASES[case])
         outputs = _dense(10, 2)(_conv_body(inputs))

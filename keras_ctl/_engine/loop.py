@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl import _keras
 from keras_ctl import _preemption
 from keras_ctl import outputs as outputs_module
 from keras_ctl import strategies
@@ -47,10 +48,14 @@ def make_step_function(model, step, plan, resumable=False):
     if strategies.worker_count(strategy) > 1:
         notice = _preemption.notice_variable()
 
+    def replica_step(data):
+        with _keras.exact_keras_losses():
+            return step(_optionals_to_none(data))
+
     @tf.autograph.experimental.do_not_convert
     def run_step(data):
         """The step on every replica; returns each replica's own outputs."""
-        return strategy.run(lambda data: step(_optionals_to_none(data)), args=(data,))
+        return strategy.run(replica_step, args=(data,))
 
     def replica_logs(outputs):
         # The logs' collective comes after the updates' (collective order
