@@ -50,6 +50,7 @@ __all__ = [
     "set_initial_epoch",
     "squeeze_or_expand_to_same_rank",
     "user_compute_loss",
+    "user_loss",
 ]
 
 
@@ -80,6 +81,12 @@ def compile_loss_terms(compile_loss):
     name)` per output, read by position.
     """
     return [tuple(term) for term in compile_loss._flat_losses]
+
+
+def user_loss(compile_loss):
+    """The `loss` given to `compile()`, as given (`CompileLoss._user_loss`):
+    where it is `None` for an output, that output has no label."""
+    return compile_loss._user_loss
 
 
 def pack_like_compile_loss(compile_loss, y_true, y_pred):

@@ -661,3 +661,30 @@ def test_a_py_dataset_under_a_strategy_equals_one_device(workers):
         runs["default"][0].history["loss"],
         atol=ATOL,
     )
+
+
+def test_a_loss_for_some_outputs_takes_labels_for_those_only():
+    """`loss=["mse", None, None]` and one label array, as Keras allows."""
+    rng = np.random.default_rng(0)
+    x = rng.random((37, 4), dtype=np.float32)
+    y = rng.random((37, 2), dtype=np.float32)
+    runs = {}
+    for where, model_class in (
+        ("default", keras.Model),
+        ("mirrored", keras_ctl.CTLModel),
+    ):
+        with strategies.get(where).scope():
+            inputs = keras.Input((4,))
+            outputs = [
+                keras.layers.Dense(
+                    2, kernel_initializer=keras.initializers.GlorotUniform(i)
+                )(inputs)
+                for i in range(3)
+            ]
+            model = model_class(inputs, outputs)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=["mse", None, None])
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        runs[where] = model, history.history["loss"], model.evaluate(x, y, verbose=0)
+    assert_weights_equal(runs["mirrored"][0], runs["default"][0])
+    np.testing.assert_allclose(runs["mirrored"][1], runs["default"][1], atol=ATOL)
+    assert runs["mirrored"][2] == pytest.approx(runs["default"][2], abs=ATOL)

@@ -289,6 +289,9 @@ def _pack_like(compile_loss, y_true, y_pred):
     try:
         return tree.pack_sequence_as(y_pred, tree.flatten(y_true))
     except (ValueError, TypeError) as error:
+        partial = _labels_for_outputs_with_a_loss(compile_loss, y_true)
+        if partial is not None:
+            return partial
         raise ValueError(
             "The labels `y` do not match the model's outputs. Expected one "
             f"label per output ({len(tree.flatten(y_pred))} outputs). "
@@ -296,3 +299,19 @@ def _pack_like(compile_loss, y_true, y_pred):
             f"({tree.map_structure(lambda _: '*', y_true)}). Pass `y` as a "
             "list in output order or a dict keyed by output name."
         ) from error
+
+
+def _labels_for_outputs_with_a_loss(compile_loss, y_true):
+    """Keras's rule for a loss given for some outputs only (`loss=["mse",
+    None, None]`): the labels go, in order, to the outputs with a loss
+    (`CompileLoss.call`, Keras 3.15). `None` when the counts differ."""
+    user_loss = _keras.user_loss(compile_loss)
+    flat_loss = tree.flatten(user_loss)
+    with_loss = [i for i, loss in enumerate(flat_loss) if loss is not None]
+    flat_y = tree.flatten(y_true)
+    if len(flat_y) != len(with_loss) or len(with_loss) == len(flat_loss):
+        return None
+    filled = [None] * len(flat_loss)
+    for value, index in zip(flat_y, with_loss):
+        filled[index] = value
+    return tree.pack_sequence_as(user_loss, filled)
