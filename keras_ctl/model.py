@@ -1,5 +1,7 @@
 """`CTLModel`: a `keras.Model` whose steps are exact under any strategy."""
 
+import importlib
+
 import keras
 import tensorflow as tf
 from keras import tree
@@ -87,9 +89,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         the model's own methods (`call`, `get_config`, a custom
         `train_step`) still come first. Nothing is copied: the returned
         model *is* `model`, with the same layers and weights, and weight
-        files load across the conversion. Saved, a converted functional model
-        loads as a `CTLModel`; a Sequential or subclassed one loads as its
-        own class (convert it again after loading).
+        files load across the conversion. Saved, a converted model loads
+        converted again: a `CTLModel` for a functional one, its own class
+        with `cls` for a Sequential or subclassed one (whose class must be
+        registered, e.g. `@keras.saving.register_keras_serializable()`, to
+        load as usual).
 
         Args:
             model: A `keras.Model`.
@@ -118,7 +122,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if type(model) is _keras.Functional:
             model.__class__ = _functional_variant(cls)
         else:
-            model.__class__ = _mixed_class(type(model), cls, named_after=type(model))
+            model.__class__ = _converted_class(type(model), cls)
         # Steps traced for the old class would skip the exact ones.
         model.train_function = model.test_function = None
         model.predict_function = None
@@ -305,6 +309,70 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
+
+
+@keras.saving.register_keras_serializable(package="keras_ctl")
+class Converted:
+    """Loads a model saved after `CTLModel.from_model` converted it.
+
+    A converted Sequential or subclassed model saves its own class's config
+    plus the registered names of that class and of the class it was
+    converted to; loading rebuilds the model with its own class, then
+    converts it again.
+    """
+
+    def get_config(self):  # registration asks for it; never instantiated
+        return {}
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        original = _class_named(config.pop(_ORIGINAL_CLASS))
+        target = _class_named(config.pop(_TARGET_CLASS))
+        if original is None or target is None:
+            raise ValueError(
+                "Cannot load a converted model: its class is not registered. "
+                "Register it with `@keras.saving.register_keras_serializable()` "
+                "(or pass it in `custom_objects`) before loading."
+            )
+        return target.from_model(original.from_config(config))
+
+
+def _class_named(name):
+    """A registered class, or a Keras class by its module path
+    (`keras.src.models.sequential.Sequential`)."""
+    found = keras.saving.get_registered_object(name)
+    if found is None and name.startswith("keras.") and "." in name:
+        module, _, class_name = name.rpartition(".")
+        found = getattr(importlib.import_module(module), class_name, None)
+    return found
+
+
+def _class_name(cls):
+    name = keras.saving.get_registered_name(cls)
+    if keras.saving.get_registered_object(name) is cls:
+        return name
+    return f"{cls.__module__}.{cls.__qualname__}"  # a Keras class
+
+
+_ORIGINAL_CLASS = "keras_ctl_original_class"
+_TARGET_CLASS = "keras_ctl_converted_to"
+
+
+def _converted_class(original, target):
+    """`original` with `target` mixed in, saved so that it loads converted."""
+    mixed = _mixed_class(original, target, named_after=original)
+
+    def get_config(self):
+        config = super(mixed, self).get_config()
+        config[_ORIGINAL_CLASS] = _class_name(original)
+        config[_TARGET_CLASS] = _class_name(target)
+        return config
+
+    if "get_config" not in vars(mixed):
+        mixed.get_config = get_config
+        _keras.register_under_name(mixed, keras.saving.get_registered_name(Converted))
+    return mixed
 
 
 def _functional_variant(cls):

@@ -85,9 +85,10 @@ def test_save_and_load_round_trip(build, tmp_path):
     assert_weights_equal(loaded, model)
 
 
+@keras.saving.register_keras_serializable(package="tests")
 class PlainSubclassed(keras.Model):
-    def __init__(self):
-        super().__init__()
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.dense = keras.layers.Dense(2, kernel_initializer="ones")
 
     def call(self, x):
@@ -136,17 +137,20 @@ def test_from_model_shares_layers_and_weight_files(kind, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kind, loaded_class",
-    [("functional", keras_ctl.CTLModel), ("sequential", keras.Sequential)],
+    "kind, own_class",
+    [
+        ("functional", keras.Model),
+        ("sequential", keras.Sequential),
+        ("subclassed", PlainSubclassed),
+    ],
 )
-def test_a_converted_model_saves_and_loads(kind, loaded_class, tmp_path):
+def test_a_converted_model_saves_and_loads_converted(kind, own_class, tmp_path):
     x, y = small_data()
     model = compile_classifier(keras_ctl.CTLModel.from_model(make_original(kind)))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     model.save(tmp_path / "converted.keras")
-    loaded = keras.models.load_model(tmp_path / "converted.keras")
-    assert type(loaded).__name__ == loaded_class.__name__
-    assert isinstance(loaded, loaded_class)
+    loaded = keras.models.load_model(tmp_path / "converted.keras")  # safe mode
+    assert isinstance(loaded, keras_ctl.CTLModel) and isinstance(loaded, own_class)
     np.testing.assert_allclose(
         loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
     )
