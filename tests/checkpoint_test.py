@@ -1,5 +1,7 @@
 """Checkpoints across strategies, SavedModel export, corrupted backups."""
 
+import signal
+
 import keras
 import numpy as np
 import pytest
@@ -122,3 +124,34 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
 def test_backup_dir_is_required():
     with pytest.raises(ValueError, match=r"Received: backup_dir=''"):
         keras_ctl.callbacks.BackupAndRestore("")
+
+
+def test_save_on_signals_names_the_signals_it_takes():
+    with pytest.raises(ValueError, match=r"Received: save_on_signals=\('SIGKILL',\)"):
+        keras_ctl.callbacks.BackupAndRestore("backup", save_on_signals=("SIGKILL",))
+    both = keras_ctl.callbacks.BackupAndRestore(
+        "backup", save_on_signals=["SIGTERM", "SIGINT"]
+    )
+    assert both.save_on_signals == ("SIGTERM", "SIGINT")
+    assert (
+        keras_ctl.callbacks.BackupAndRestore("b", save_on_signals=()).save_on_signals
+        == ()
+    )
+
+
+def test_signal_handlers_are_given_back_when_fit_ends(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    x, y = np.zeros((8, 4), "float32"), np.zeros((8,), "int32")
+    inputs = keras.Input((4,))
+    model = keras_ctl.CTLModel(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    backup = keras_ctl.callbacks.BackupAndRestore(str(tmp_path / "b"))
+    model.fit(x, y, batch_size=4, verbose=0, callbacks=[backup, Spy()])
+    assert seen and all(handler not in (before, signal.SIG_DFL) for handler in seen)
+    assert signal.getsignal(signal.SIGTERM) is before
