@@ -6,9 +6,13 @@ in `keras_ctl.blocks`, which are built on `replicas` here.
 - `replicas`: replica count, the sum across replicas, and the one division
   every exact mean uses (local sums over all-reduced counts).
 - `loss`: the compiled loss as per-replica shares.
-- `forward`: the forward pass and loss of the default steps, eager or XLA.
+- `forward`: the forward pass and loss of the default steps, eager or XLA,
+  with the gradients and the global count in one all-reduce where it can.
+- `update`: gradients summed across replicas once, then applied as they
+  are (clipping and the loss scale's check see the sum).
 - `padding`: a placeholder example for replicas without examples.
 - `plan`: the decisions a step function is built with (XLA, steps per call).
 - `loop`: the train/test/predict functions and their cross-replica logs.
+- `iterators`: distributed iterators opened on first use.
 - `resume`: skipping the batches a killed run trained on.
 """
