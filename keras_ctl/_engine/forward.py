@@ -141,7 +141,8 @@ def exact_gradients(model, x, y, sample_weight, batch_size):
     gradients = tape.gradient(scaled, model.trainable_weights)
     if summed is not None:
         return (y_pred, *divide_after_sum(summed, gradients, batch_size))
-    # The count's all-reduce first, on every replica (see DESIGN: ordering).
+    # The count's all-reduce first: collectives must run in one order on
+    # every replica.
     with tf.control_dependencies([shares.global_batch_size]):
         gradients, _ = update.sum_across_replicas(gradients)
     return y_pred, loss, shares, gradients
