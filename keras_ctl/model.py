@@ -311,6 +311,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return self.get_metrics_result()
 
 
+# Legacy `.h5` files name a model's class only ("CTLModel"), not its
+# registered name: the bare name loads too, as `keras.Model` does.
+keras.saving.get_custom_objects().setdefault("CTLModel", CTLModel)
+
+
 @keras.saving.register_keras_serializable(package="keras_ctl")
 class Converted:
     """Loads a model saved after `CTLModel.from_model` converted it.

@@ -692,3 +692,17 @@ def test_a_loss_for_some_outputs_takes_labels_for_those_only():
     assert_weights_equal(runs["mirrored"][0], runs["default"][0])
     np.testing.assert_allclose(runs["mirrored"][1], runs["default"][1], atol=ATOL)
     assert runs["mirrored"][2] == pytest.approx(runs["default"][2], abs=ATOL)
+
+
+def test_a_legacy_h5_file_loads_without_custom_objects(tmp_path):
+    x, y = small_data()
+    model = compile_classifier(functional())
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras calls the format legacy
+        model.save(tmp_path / "model.h5")
+    loaded = keras.models.load_model(tmp_path / "model.h5")
+    assert isinstance(loaded, keras_ctl.CTLModel)
+    np.testing.assert_allclose(
+        loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
+    )
