@@ -706,3 +706,34 @@ def test_a_legacy_h5_file_loads_without_custom_objects(tmp_path):
     np.testing.assert_allclose(
         loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6
     )
+
+
+class LazySubclassed(keras_ctl.CTLModel):
+    """Built on its first batch, inside `fit()`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(
+            2, kernel_initializer=keras.initializers.GlorotUniform(3)
+        )
+
+    def call(self, x):
+        return self.dense(x)
+
+
+def test_xla_with_ema_builds_a_lazy_model_on_one_device():
+    """`jit_compile=True`, `use_ema=True`, a subclassed model unbuilt before
+    `fit()`, an uneven last batch: trains as the same model without XLA."""
+    x, y = small_data(10)
+    runs = []
+    for jit_compile in (True, False):
+        model = LazySubclassed()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1, use_ema=True),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=jit_compile,
+        )
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        runs.append(model)
+    assert_weights_equal(runs[0], runs[1])
+    assert int(runs[0].optimizer.iterations.numpy()) == 4
