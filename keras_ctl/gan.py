@@ -140,6 +140,7 @@ class GAN(CTLModel):
     def train_step(self, data):
         data, batch_size = pad_empty_batch(data)
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
+        self._check_shapes(real, latents)
         # The placeholder example of an empty replica weighs nothing.
         weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, "float32"))
         # Every phase divides by the same global count: one collective.
@@ -242,6 +243,28 @@ class GAN(CTLModel):
             global_weight = None
         mean = blocks.global_mean(per_example, weights, global_weight=global_weight)
         return mean + regularization
+
+    def _check_shapes(self, real, latents):
+        """Names the argument when the data cannot fit the two models (the
+        shapes are static when the step is traced)."""
+        try:
+            expected = tuple(self.generator.output_shape[1:])
+        except (AttributeError, ValueError):
+            expected = None  # a generator without a known output shape
+        if expected is not None and tuple(real.shape[1:]) != expected:
+            raise ValueError(
+                "Expected real images shaped like the generator's output, "
+                f"{expected} per example. Received: x with examples of shape "
+                f"{tuple(real.shape[1:])}. Pass images of that shape to `fit()`."
+            )
+        wanted = (self.d_steps + 1, self.latent_dim)
+        if latents is not None and tuple(latents.shape[1:]) != wanted:
+            raise ValueError(
+                "Expected latent vectors given as data (deterministic mode) of "
+                f"shape (d_steps + 1, latent_dim) = {wanted} per example: one "
+                "vector per discriminator step and one for the generator step. "
+                f"Received: y with examples of shape {tuple(latents.shape[1:])}."
+            )
 
     def _latents(self, latents, index, real):
         if latents is not None:

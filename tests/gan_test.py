@@ -206,3 +206,25 @@ def test_d_steps_must_be_positive():
             latent_dim=8,
             d_steps=0,
         )
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (
+            {"x": np.zeros((8, 7, 7, 1), "float32")},
+            r"Received: x with examples of shape \(7, 7, 1\)",
+        ),
+        (
+            {
+                "x": np.zeros((8, 8, 8, 1), "float32"),
+                "y": np.zeros((8, cases.GAN_LATENT), "float32"),
+            },
+            r"= \(3, 8\) per example.*Received: y with examples of shape \(8,\)",
+        ),
+    ],
+)
+def test_data_that_cannot_fit_the_models_names_the_argument(data, message):
+    gan = compiled_gan(strategies.get("mirrored"))
+    with pytest.raises(ValueError, match=message):
+        gan.fit(**data, batch_size=4, epochs=1, verbose=0)
