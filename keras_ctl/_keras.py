@@ -333,18 +333,30 @@ def _optimizer_family(optimizer):
 
 
 def _install_summed_gradients_switch():
-    with _patch_lock:
-        original = TFOptimizer._all_reduce_sum_gradients
-        if getattr(original, "_keras_ctl", False):
-            return
-
+    def replacement(original):
         def all_reduce_sum_gradients(self, grads_and_vars):
             if getattr(self, _SUMMED_MARK, 0):
                 return list(grads_and_vars)
             return original(self, grads_and_vars)
 
-        all_reduce_sum_gradients._keras_ctl = True
-        TFOptimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
+        return all_reduce_sum_gradients
+
+    _patch_once(TFOptimizer, "_all_reduce_sum_gradients", replacement)
+
+
+def _patch_once(owner, name, replacement):
+    """Replaces `owner.name` by `replacement(original)`, once per process.
+
+    Each replacement does what the original does unless keras_ctl's step
+    asked otherwise (a mark on the optimizer, a flag of the thread).
+    """
+    with _patch_lock:
+        original = getattr(owner, name)
+        if getattr(original, "_keras_ctl", False):
+            return
+        patched = replacement(original)
+        patched._keras_ctl = True
+        setattr(owner, name, patched)
 
 
 _in_step = threading.local()
@@ -378,11 +390,7 @@ def exact_keras_losses():
 
 
 def _install_exact_reduce_values():
-    with _patch_lock:
-        original = _loss_module.reduce_values
-        if getattr(original, "_keras_ctl", False):
-            return
-
+    def replacement(original):
         def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
             if (
                 not getattr(_in_step, "active", False)
@@ -405,7 +413,8 @@ def _install_exact_reduce_values():
             )
             share = tf.math.divide_no_nan(local_sum, global_count)
             mean = tf.math.divide_no_nan(total, global_count)
-            return share + tf.stop_gradient(mean - share)
+            return valued_as_global(share, total=mean)
 
-        reduce_values._keras_ctl = True
-        _loss_module.reduce_values = reduce_values
+        return reduce_values
+
+    _patch_once(_loss_module, "reduce_values", replacement)

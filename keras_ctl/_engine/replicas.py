@@ -97,12 +97,13 @@ def shares_as_they_are():
         _engine_call.active = False
 
 
-def valued_as_global(share):
+def valued_as_global(share, total=None):
     """`share`, with the value of the sum of every replica's share.
 
     The gradient stays the share's (the replicas' gradients are summed
     later): a loss that logs like one device's and trains like a share.
-    One collective.
+    `total` is that sum when the caller has it; otherwise it is all-reduced
+    here (one collective). Inside `shares_as_they_are`, the share itself.
     """
     if (
         num_replicas() == 1
@@ -110,5 +111,6 @@ def valued_as_global(share):
         or getattr(_engine_call, "active", False)
     ):
         return share
-    total = all_reduce_sum(tf.stop_gradient(share))
+    if total is None:
+        total = all_reduce_sum(tf.stop_gradient(share))
     return share + tf.stop_gradient(total - share)
