@@ -39,21 +39,26 @@ def final_weights(path):
 _REFERENCES = {}
 
 
+def child_config(folder, **config):
+    """A `resume_child.py` config: keras_ctl's callback, a backup each epoch,
+    no kill, its files in `folder`; `config` overrides."""
+    return {
+        "callback": "keras_ctl",
+        "save_freq": "epoch",
+        "kill": None,
+        "marker": str(folder / "signalled"),
+        "backup_dir": str(folder / "backup"),
+        "output": str(folder / "resumed"),
+        **config,
+    }
+
+
 def uninterrupted(tmp_path_factory, model, strategy, workers):
     """The uninterrupted run of (model, strategy), shared by the cases: the
     backup callback does not change training."""
     if (model, strategy) not in _REFERENCES:
         folder = tmp_path_factory.mktemp(f"reference_{model}_{strategy}")
-        config = {
-            "model": model,
-            "strategy": strategy,
-            "callback": "keras_ctl",
-            "save_freq": "epoch",
-            "kill": None,
-            "marker": str(folder / "unused"),
-            "backup_dir": str(folder / "backup"),
-            "output": str(folder / "weights"),
-        }
+        config = child_config(folder, model=model, strategy=strategy)
         code, log = run_child(config, workers)
         assert code == 0, log
         _REFERENCES[(model, strategy)] = config["output"]
@@ -61,22 +66,12 @@ def uninterrupted(tmp_path_factory, model, strategy, workers):
 
 
 def interrupted_and_uninterrupted(tmp_path, tmp_path_factory, workers=None, **config):
-    base = {
-        "backup_dir": None,
-        "callback": "keras_ctl",
-        "save_freq": "epoch",
-        "kill": None,
-        "marker": str(tmp_path / "killed"),
-        **config,
-    }
     reference = {
         "output": uninterrupted(
             tmp_path_factory, config["model"], config["strategy"], workers
         )
     }
-    resumed = dict(
-        base, backup_dir=str(tmp_path / "backup"), output=str(tmp_path / "resumed")
-    )
+    resumed = child_config(tmp_path, **config)
     code, log = run_child(resumed, workers)
     assert code != 0, "the first run should have been killed:\n" + log
     assert os.path.exists(resumed["marker"])
@@ -159,15 +154,7 @@ def test_sigterm_saves_and_the_restart_trains_only_what_was_left(
     name, tmp_path, tmp_path_factory
 ):
     config, done = SIGTERM_CASES[name]
-    config = {
-        "callback": "keras_ctl",
-        "save_freq": "epoch",
-        "kill": None,
-        "marker": str(tmp_path / "signalled"),
-        "backup_dir": str(tmp_path / "backup"),
-        "output": str(tmp_path / "resumed"),
-        **config,
-    }
+    config = child_config(tmp_path, **config)
     code, log = run_child(config)
     ended = time.time()
     assert code == SAVED_ON_NOTICE, log
@@ -195,18 +182,15 @@ def test_sigterm_saves_and_the_restart_trains_only_what_was_left(
 
 
 def notice_config(tmp_path, **config):
-    return {
-        "model": "ctl",
-        "strategy": "multiworker",
-        "callback": "keras_ctl",
-        "save_freq": "epoch",
-        "kill": [1, 4],
-        "signal": True,
-        "marker": str(tmp_path / "signalled"),
-        "backup_dir": str(tmp_path / "backup"),
-        "output": str(tmp_path / "resumed"),
+    """Two workers of the CTLModel case, SIGTERM in epoch 2, batch 5."""
+    return child_config(
+        tmp_path,
+        model="ctl",
+        strategy="multiworker",
+        kill=[1, 4],
+        signal=True,
         **config,
-    }
+    )
 
 
 def assert_resumed_like_uninterrupted(config, tmp_path_factory, left, workers=2):
