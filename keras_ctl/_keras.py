@@ -26,6 +26,7 @@ from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
 from keras.src.saving import object_registration
+from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
 
 from keras_ctl._engine.iterators import DeferredDataset
 from keras_ctl._engine.replicas import all_reduce_sum
@@ -59,6 +60,7 @@ __all__ = [
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",
+    "reduce_as_saved_model",
     "register_under_name",
     "replica_step",
     "set_initial_epoch",
@@ -320,6 +322,19 @@ def end_epoch_early():
 # (`EpochIterator._interrupted_warning`), for a filter that hides it when the
 # epoch is cut short on purpose.
 RAN_OUT_OF_DATA = "Your input ran out of data"
+
+
+def reduce_as_saved_model(model):
+    """`model.__reduce__()` for pickle, naming a loader pickle can import.
+
+    Keras pickles a model as a saved file plus `type(model)._unpickle_model`
+    (`KerasSaveable.__reduce__`), which pickle finds through the class's
+    module and name; a class made at run time has none that leads back to
+    it. The loader ignores its class (it loads the file), so `keras.Model`'s
+    is the same function under an importable name.
+    """
+    _, arguments = _KerasSaveable.__reduce__(model)
+    return keras.Model._unpickle_model, arguments
 
 
 def register_under_name(cls, name):

@@ -77,16 +77,19 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     _gradient_accumulation = "micro_batches"
     _accumulation = None
 
-    def __new__(cls, *args, **kwargs):
+    def __init__(self, *args, **kwargs):
         # Keras 3.15 makes a `Model` subclass functional by rewriting the
-        # `__bases__` of its whole hierarchy for good: after one
-        # `MyStep(inputs, outputs)`, every subclassed CTLModel (GAN too)
-        # would become functional. A functional variant of `cls` avoids it.
-        if _keras.functional_init_arguments(args, kwargs) and not issubclass(
-            cls, _keras.Functional
+        # `__bases__` of its whole hierarchy for good (`Model.__init__`,
+        # `inject_functional_model_class`): after one such construction
+        # every CTLModel subclass (GAN too) would be functional. As in
+        # Keras, the arguments that reach this constructor decide, not
+        # those of a subclass's own constructor (`VAE(encoder, decoder)`);
+        # only this instance's class changes, to a functional variant.
+        if _keras.functional_init_arguments(args, kwargs) and not isinstance(
+            self, _keras.Functional
         ):
-            cls = _functional_variant(cls)
-        return super().__new__(cls)
+            self.__class__ = _functional_variant(type(self))
+        super().__init__(*args, **kwargs)
 
     @classmethod
     def from_model(cls, model):
@@ -516,7 +519,10 @@ def _mixed_class(first, second, named_after):
     """A class with bases `(first, second)` that Keras saves as `named_after`.
 
     Saved files name `named_after`, whose class rebuilds the model on load:
-    the mixed class is registered under its name.
+    the mixed class is registered under its name. Pickled (what `copy`,
+    multiprocessing, Ray and joblib use), it is saved the same way and
+    loaded by a function pickle can find by name: the mixed class itself
+    has no importable name.
     """
     key = (first, second)
     if key not in _MIXED_CLASSES:
@@ -526,6 +532,7 @@ def _mixed_class(first, second, named_after):
             {
                 "__module__": named_after.__module__,
                 "__qualname__": named_after.__qualname__,
+                "__reduce__": _keras.reduce_as_saved_model,
             },
         )
         name = keras.saving.get_registered_name(named_after)
