@@ -11,10 +11,12 @@ Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
 
 import contextlib
 import threading
+from typing import NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras import ops
 from keras import tree
 from keras.src.backend import get_keras_mask as _get_keras_mask
 from keras.src.backend.tensorflow import nn as _tf_nn
@@ -491,12 +493,12 @@ _in_step = threading.local()
 @contextlib.contextmanager
 def replica_step():
     """Within it (in this thread), Keras code called by a replica step is
-    exact across replicas: `Loss` objects (`_install_exact_reduce_values`),
+    exact across replicas: `Loss` objects (`_install_exact_reduction`),
     synchronized BatchNorm (`_install_exact_sync_moments`),
     `optimizer.apply` (`_install_summing_apply`) and variables that
     workers share (`_install_atomic_updates`) or that are sharded across
     parameter servers (`_install_sharded_updates`)."""
-    _install_exact_reduce_values()
+    _install_exact_reduction()
     _install_exact_sync_moments()
     _install_summing_apply()
     _install_atomic_updates()
@@ -517,51 +519,137 @@ def count_only_real_examples(batch_size):
     _in_step.real_examples = batch_size
 
 
-def _install_exact_reduce_values():
-    """A Keras `Loss` object called in a replica step returns the global
-    batch's loss, differentiable as this replica's share of it.
+class LossParts(NamedTuple):
+    """One `Loss` call on this replica's examples, as Keras reduces it.
 
-    Keras reduces a `Loss` on each replica (`sum / local count`) and then
-    divides by the replica count (`losses.loss.reduce_values` calls
-    `scale_loss_for_distribution`): a mean of per-replica means, 1/R of it
-    in each replica's value. A step written the keras.io way (`loss =
-    self.loss_fn(y, y_pred)`, then `optimizer.apply` and
-    `tracker.update_state(loss)`) then trains on the wrong mean for uneven
-    batches and logs 1/R. Here the local sum and count are all-reduced
-    together (one collective): the value is the global mean on every
-    replica, the gradient the local sum over the global count, and the
-    replicas' gradients sum to one device's. `reduction=None` is untouched;
-    `"sum"` gives the global sum. Checked on Keras 3.12.0 and 3.15.1.
+    Attributes:
+        total: The weighted sum Keras's reduction divides (differentiable).
+        count: Its denominator on this replica, or `None` when Keras does
+            not divide (`reduction="sum"`).
+        per_example: The denominator's share of one example when it is a
+            fixed number (no mask, not a weight sum), else `None`.
+    """
+
+    total: tf.Tensor
+    count: object
+    per_example: object
+
+
+_MEAN_REDUCTIONS = ("mean", "sum_over_batch_size", "mean_with_sample_weight")
+
+
+def loss_parts(loss, y_true, y_pred, sample_weight=None):
+    """Calls `loss(y_true, y_pred, sample_weight)` and returns its
+    `LossParts` on this replica, or `None` for `reduction=None`.
+
+    Keras's `Loss.__call__` casts, calls, combines masks with the sample
+    weights and divides (`losses.loss.reduce_weighted_values`); the exact
+    step needs the sum and the denominator apart, to divide by the global
+    denominator. Both come from Keras's own reduction, called with
+    `reduction="sum"`: the sum on the loss values, the denominator on ones
+    shaped like them (with the sample weights only where Keras divides by
+    their sum). Masks, `ignore_class`, sample weights and dtypes therefore
+    mean what they mean in Keras. A loss that returns one value for the
+    batch is taken as that value for each example of this replica.
+    """
+    _install_exact_reduction()
+    examples = tf.shape(tree.flatten(y_pred)[0])[0]
+    previous = getattr(_in_step, "capture", None)
+    _in_step.capture = {"examples": examples}
+    try:
+        loss(y_true, y_pred, sample_weight)
+        return _in_step.capture.get("parts")
+    finally:
+        _in_step.capture = previous
+
+
+def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples):
+    """`LossParts` of Keras's reduction of `values` (see `loss_parts`)."""
+    values = ops.convert_to_tensor(values, dtype=dtype)
+    if values.shape.rank == 0:
+        if reduction == "sum":
+            raise ValueError(
+                "The loss returned one value for the whole batch, with "
+                "reduction='sum': a sum over examples cannot be recovered "
+                "from it. Return one value per example, or use a mean "
+                'reduction such as "sum_over_batch_size".'
+            )
+        values = tf.fill([examples], values)
+    total = original(values, sample_weight, mask, "sum", dtype)
+    if reduction == "sum":
+        return LossParts(total, None, None)
+    weights = sample_weight if reduction == "mean_with_sample_weight" else None
+    count = original(tf.ones_like(values), weights, mask, "sum", dtype)
+    per_example = None
+    if mask is None and weights is None:
+        per_example = values.shape[1:].num_elements()
+    return LossParts(total, count, per_example)
+
+
+def _install_exact_reduction():
+    """Keras's loss reduction, exact across replicas inside our steps.
+
+    `Loss.__call__` ends with `losses.loss.reduce_weighted_values`, which
+    divides this replica's weighted sum by this replica's count and then by
+    the replica count (`scale_loss_for_distribution`): a mean of
+    per-replica means, which drifts when replicas hold different numbers of
+    examples (or masked entries), and a step written the keras.io way
+    (`loss = self.loss_fn(y, y_pred)`, `tracker.update_state(loss)`) logs
+    1/R of it. Replaced, in two cases:
+
+    - inside `loss_parts`, it records the sum and count of the outermost
+      call (a loss that calls other losses reduces those locally, as Keras
+      does on one replica);
+    - in a replica step under several replicas, it all-reduces the sum and
+      count together (one collective) and returns the global batch's loss,
+      differentiable as this replica's share (the sum over the global
+      count): the replicas' gradients sum to one device's.
+
+    Elsewhere, and for `reduction=None`, it is Keras's. Checked on Keras
+    3.12.0 and 3.15.1.
     """
 
     def replacement(original):
-        def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
-            if (
-                not getattr(_in_step, "active", False)
-                or num_replicas() == 1
-                or tf.distribute.get_replica_context() is None
-                or reduction is None
-                or reduction == "none"
-                or values.shape.rank == 0
-            ):
-                return original(values, sample_weight, reduction)
-            local_sum = tf.reduce_sum(values)
-            if reduction == "sum":
-                return valued_as_global(local_sum)
-            if reduction == "mean_with_sample_weight" and sample_weight is not None:
-                count = tf.reduce_sum(tf.cast(sample_weight, local_sum.dtype))
-            else:
-                count = tf.cast(tf.size(values), local_sum.dtype)
-            total, global_count = tf.unstack(
-                all_reduce_sum(tf.stack([tf.stop_gradient(local_sum), count]))
+        def reduce_weighted_values(
+            values,
+            sample_weight=None,
+            mask=None,
+            reduction="sum_over_batch_size",
+            dtype=None,
+        ):
+            reduction = _loss_module.standardize_reduction(reduction)
+            capture = getattr(_in_step, "capture", None)
+            exact = (
+                getattr(_in_step, "active", False)
+                and num_replicas() > 1
+                and tf.distribute.get_replica_context() is not None
             )
-            share = tf.math.divide_no_nan(local_sum, global_count)
-            mean = tf.math.divide_no_nan(total, global_count)
-            return valued_as_global(share, total=mean)
+            if reduction not in (*_MEAN_REDUCTIONS, "sum") or not (
+                capture is not None or exact
+            ):
+                return original(values, sample_weight, mask, reduction, dtype)
+            examples = capture["examples"] if capture else None
+            if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
+                return original(values, sample_weight, mask, reduction, dtype)
+            parts = _parts_of(
+                original, values, sample_weight, mask, reduction, dtype, examples
+            )
+            if capture is not None:
+                # The outermost call reduces last: its parts are kept. A
+                # loss called inside it reduces as Keras does, locally.
+                capture["parts"] = parts
+                return original(values, sample_weight, mask, reduction, dtype)
+            if parts.count is None:
+                return valued_as_global(parts.total)
+            total, count = tf.unstack(
+                all_reduce_sum(tf.stack([tf.stop_gradient(parts.total), parts.count]))
+            )
+            share = tf.math.divide_no_nan(parts.total, count)
+            return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
 
-        return reduce_values
+        return reduce_weighted_values
 
-    _patch_once(_loss_module, "reduce_values", replacement)
+    _patch_once(_loss_module, "reduce_weighted_values", replacement)
 
 
 def _install_exact_sync_moments():

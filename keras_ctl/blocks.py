@@ -7,6 +7,7 @@ across replicas, so the gradient of a share is this replica's exact share of
 the global gradient. `CTLModel`'s default step is built from these blocks.
 """
 
+import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
@@ -94,7 +95,7 @@ def scaled_regularization_loss(losses):
             after the forward pass.
 
     Returns:
-        A scalar float32 tensor (zero when `losses` is empty).
+        A scalar in `floatx()` (zero when `losses` is empty).
 
     Example:
 
@@ -107,11 +108,15 @@ def scaled_regularization_loss(losses):
     return regularization_total(losses) / num_replicas()
 
 
-def regularization_total(losses):
-    """The sum of `losses` as a float32 scalar (zero when empty)."""
+def regularization_total(losses, dtype=None):
+    """The sum of `losses` as a scalar of `dtype` (zero when empty).
+
+    Defaults to `floatx()`, the dtype Keras's `compute_loss` sums them in.
+    """
+    dtype = dtype or keras.config.floatx()
     if not losses:
-        return tf.zeros((), "float32")
-    return tf.add_n([tf.cast(tf.reduce_sum(loss), "float32") for loss in losses])
+        return tf.zeros((), dtype)
+    return tf.add_n([tf.cast(tf.reduce_sum(loss), dtype) for loss in losses])
 
 
 def minimize(loss, variables, optimizer, tape):

@@ -77,7 +77,7 @@ def all_reduce_logs(outputs, metrics=()):
 
     - `ReplicaSum(v)`: the sum of `v` over replicas.
     - `ExampleMean(total, count)`: `sum(total) / sum(count)` over replicas
-      (0 when the count is 0), as float32.
+      (0 when the count is 0), in the total's float dtype (else float32).
     - `Synchronized(v)`: this replica's `v`.
     - dicts, lists and tuples: reduced item by item.
     - compatibility glue for keras.io steps that return
@@ -109,9 +109,7 @@ def all_reduce_logs(outputs, metrics=()):
             return batch.add(value.value)
         if isinstance(value, ExampleMean):
             total, count = batch.add(value.total), batch.add(value.count)
-            return lambda sums: tf.math.divide_no_nan(
-                tf.cast(total(sums), tf.float32), tf.cast(count(sums), tf.float32)
-            )
+            return lambda sums: _mean(total(sums), count(sums))
         if isinstance(value, Synchronized):
             return lambda sums: value.value
         if isinstance(value, dict):
@@ -207,6 +205,11 @@ class _SumBatch:
             summed = all_reduce_sum(tf.concat(parts, axis=0))
             sums[dtype] = tf.split(summed, tf.stack(sizes), num=len(parts))
         return sums
+
+
+def _mean(total, count):
+    dtype = total.dtype if total.dtype.is_floating else tf.float32
+    return tf.math.divide_no_nan(tf.cast(total, dtype), tf.cast(count, dtype))
 
 
 def _is_typed(value):

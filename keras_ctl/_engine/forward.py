@@ -33,6 +33,7 @@ from keras_ctl import blocks
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._engine.replicas import all_reduce_sum
+from keras_ctl._engine.replicas import num_replicas
 from keras_ctl._engine.replicas import shares_as_they_are
 from keras_ctl._engine.replicas import sum_across_replicas
 
@@ -68,7 +69,8 @@ def forward_and_loss(
             loss = _keras.user_compute_loss(
                 model, x, y, y_pred, sample_weight, training
             )
-        return y_pred, loss, loss_module.count_only_shares(batch_size)
+        dtype = loss.dtype if loss.dtype.is_floating else keras.config.floatx()
+        return y_pred, loss, loss_module.count_only_shares(batch_size, dtype)
     loss, shares = default_loss_share(
         model, y, y_pred, sample_weight, batch_size, global_batch
     )
@@ -92,8 +94,9 @@ def loss_times_examples(model, y, y_pred, sample_weight, batch_size):
         )
     except loss_module.NeedsCountAllReduce:
         return None
-    local_batch = tf.cast(batch_size, tf.float32)
-    return total + blocks.regularization_total(model.losses) * local_batch, per_output
+    local_batch = tf.cast(batch_size, total.dtype)
+    regularization = blocks.regularization_total(model.losses, total.dtype)
+    return total + regularization * local_batch, per_output
 
 
 def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
@@ -111,8 +114,10 @@ def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
     if summed is None:
         return None
     total = summed[0]
-    local_batch = tf.cast(batch_size, tf.float32)
-    return total, loss_module.LossShares(total, [], tf.ones(()), local_batch)
+    local_batch = tf.cast(batch_size, total.dtype)
+    return total, loss_module.LossShares(
+        total, [], tf.ones((), total.dtype), local_batch
+    )
 
 
 def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
@@ -144,7 +149,9 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
         else:
             objective = summed[0]
         scaled = model.optimizer.scale_loss(objective)
-    gradients = _keras.gradients(tape, scaled, model.trainable_weights)
+    gradients = zero_if_padded(
+        _keras.gradients(tape, scaled, model.trainable_weights), batch_size
+    )
     if summed is not None:
         return (y_pred, *divide_after_sum(summed, gradients, batch_size))
     if not sum_gradients:
@@ -156,6 +163,29 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
     return y_pred, loss, shares, gradients
 
 
+def zero_if_padded(gradients, batch_size):
+    """Zeros for the gradients of a replica padded with a placeholder
+    example (`batch_size` 0).
+
+    Its loss is zero, but the backward pass can still make NaN from the
+    placeholder (a fully masked example's average divides 0 by 0, and
+    0 / 0 stays NaN), which the sum across replicas would spread.
+    """
+    if num_replicas() == 1:
+        return gradients
+    real = batch_size > 0
+
+    def zeroed(g):
+        if g is None:
+            return None
+        if isinstance(g, tf.IndexedSlices):
+            values = tf.where(real, g.values, tf.zeros_like(g.values))
+            return tf.IndexedSlices(values, g.indices, g.dense_shape)
+        return tf.where(real, g, tf.zeros_like(g))
+
+    return [zeroed(g) for g in gradients]
+
+
 def divide_after_sum(summed, gradients, batch_size):
     """`(loss share, LossShares, gradients)` from `loss x examples` parts.
 
@@ -164,7 +194,7 @@ def divide_after_sum(summed, gradients, batch_size):
     global count gives one device's mean, and its gradient.
     """
     total, per_output = summed
-    local_batch = tf.cast(batch_size, tf.float32)
+    local_batch = tf.cast(batch_size, total.dtype)
     gradients, (global_batch,) = sum_across_replicas(gradients, [local_batch])
     gradients = update.divide(gradients, global_batch)
     shares = loss_module.LossShares(
@@ -183,8 +213,9 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
     """Returns `(share of compiled loss + model.losses, LossShares)`."""
     # Read layer losses right after the forward pass: replica threads share
     # the layers, and the all-reduce below is a sync point.
-    regularization = blocks.regularization_total(model.losses)
     compile_loss = _keras.compile_loss(model)
+    dtype = compile_loss.dtype if compile_loss is not None else None
+    regularization = blocks.regularization_total(model.losses, dtype)
     if compile_loss is None:
         if not model.losses:
             raise ValueError(
@@ -192,7 +223,7 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
                 "`compile()` or losses added with `add_loss`. Received: "
                 "loss=None. Call e.g. `model.compile(optimizer, loss=...)`."
             )
-        shares = loss_module.count_only_shares(batch_size)
+        shares = loss_module.count_only_shares(batch_size, regularization.dtype)
     else:
         shares = loss_module.compiled_loss_shares(
             compile_loss, y, y_pred, sample_weight, batch_size, global_batch
@@ -235,7 +266,8 @@ class CompiledPass:
                 )
                 summed = (total, list(zip(self._output_names(), per_output)))
                 return (y_pred, *divide_after_sum(summed, gradients, batch_size))
-            global_batch = all_reduce_sum(tf.cast(batch_size, tf.float32))
+            dtype = _keras.compile_loss(model).dtype
+            global_batch = all_reduce_sum(tf.cast(batch_size, dtype))
             with tf.control_dependencies([global_batch]):
                 y_pred, loss, shares, gradients = self._function(
                     data, batch_size, global_batch
@@ -302,5 +334,8 @@ class CompiledPass:
             scaled_loss = model.optimizer.scale_loss(loss) if self._training else loss
         gradients = []
         if self._training:
-            gradients = _keras.gradients(tape, scaled_loss, model.trainable_weights)
+            gradients = zero_if_padded(
+                _keras.gradients(tape, scaled_loss, model.trainable_weights),
+                batch_size,
+            )
         return y_pred, loss, parts, gradients

@@ -7,17 +7,16 @@ summed on the replica and divided by the *global* count (or weight sum),
 following Keras's own reduction semantics for each `Loss.reduction`.
 """
 
+import copy
 from typing import NamedTuple
 
 import tensorflow as tf
-from keras import ops
 from keras import tree
 
 from keras_ctl import _checks
 from keras_ctl import _keras
 from keras_ctl._engine.replicas import all_reduce_sum
 from keras_ctl._engine.replicas import divide_by_global_counts
-from keras_ctl._engine.replicas import num_replicas
 
 
 class LossShares(NamedTuple):
@@ -76,19 +75,17 @@ def compiled_loss_shares(
         NeedsCountAllReduce: if `global_batch_size` is given but a
             denominator depends on masks or sample-weight sums.
     """
-    terms, names, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
-    local_batch = tf.cast(batch_size, tf.float32)
+    terms, names, loss_weights = _terms(
+        compile_loss, y, y_pred, sample_weight, batch_size
+    )
+    local_batch = tf.cast(batch_size, compile_loss.dtype)
     sums = [term.loss_sum for term in terms]
     if global_batch_size is None:
-        # A replica padded with a placeholder example contributes nothing.
-        has_examples = None
-        if num_replicas() > 1:
-            has_examples = tf.cast(batch_size > 0, tf.float32)
         counts = [term.count for term in terms] + [local_batch]
-        shares, global_counts = divide_by_global_counts(sums, counts, has_examples)
+        shares, global_counts = divide_by_global_counts(sums, counts)
         global_batch = global_counts[-1]
     else:
-        shares = _fixed_count_shares(terms, batch_size, global_batch_size)
+        shares = _fixed_count_shares(terms, global_batch_size)
         global_batch = global_batch_size
     return LossShares(
         total=_weighted_total(shares, loss_weights),
@@ -117,15 +114,17 @@ def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
         NeedsCountAllReduce: for a denominator that depends on masks or
             sample-weight sums, or a `sum` reduction (not divided at all).
     """
-    terms, names, loss_weights = _terms(compile_loss, y, y_pred, sample_weight)
+    terms, names, loss_weights = _terms(
+        compile_loss, y, y_pred, sample_weight, batch_size
+    )
     if any(term.count is None for term in terms):
         raise NeedsCountAllReduce()
     # Shares of a global batch of 1: each sum over its elements per example.
-    shares = _fixed_count_shares(terms, batch_size, 1.0)
+    shares = _fixed_count_shares(terms, 1.0)
     return _weighted_total(shares, loss_weights), list(zip(names, shares))
 
 
-def _fixed_count_shares(terms, batch_size, global_batch_size):
+def _fixed_count_shares(terms, global_batch_size):
     """Each term's sum over `per_example x global_batch_size`, no collective.
 
     Raises:
@@ -133,61 +132,70 @@ def _fixed_count_shares(terms, batch_size, global_batch_size):
     """
     if any(t.count is not None and t.per_example is None for t in terms):
         raise NeedsCountAllReduce()
-    # A replica padded with a placeholder example contributes nothing.
-    has_examples = tf.cast(batch_size > 0, tf.float32)
     return [
-        term.loss_sum * has_examples
+        term.loss_sum
         if term.count is None
         else tf.math.divide_no_nan(
-            term.loss_sum * has_examples, term.per_example * global_batch_size
+            term.loss_sum,
+            tf.cast(term.per_example * global_batch_size, term.loss_sum.dtype),
         )
         for term in terms
     ]
 
 
 def _weighted_total(shares, loss_weights):
-    total = tf.zeros((), tf.float32)
+    total = tf.zeros((), shares[0].dtype)
     for share, loss_weight in zip(shares, loss_weights):
         total += share if loss_weight is None else share * loss_weight
     return total
 
 
-def _terms(compile_loss, y, y_pred, sample_weight):
-    """`(terms, names, loss_weights)`: one `_Term` per output with a loss."""
+def _terms(compile_loss, y, y_pred, sample_weight, batch_size):
+    """`(terms, names, loss_weights)`: one `_Term` per output with a loss,
+    in the compiled loss's dtype (Keras casts each output's loss to it)."""
+    dtype = compile_loss.dtype
+    # A replica padded with a placeholder example contributes nothing, not
+    # even a NaN (a fully masked placeholder divides 0 by 0).
+    has_examples = batch_size > 0
+
+    def local(value):
+        if value is None:
+            return None
+        value = tf.cast(value, dtype)
+        return tf.where(has_examples, value, tf.zeros_like(value))
+
     y, y_pred = _align_structures(compile_loss, y, y_pred)
     terms, names, loss_weights = [], [], []
     for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
         weight = sample_weight
         if sample_weight is not None and tree.is_nested(sample_weight):
             weight = _resolve(path, sample_weight)
-        terms.append(
-            _loss_term(loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name)
+        term = _loss_term(
+            loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
         )
+        terms.append(_Term(local(term.loss_sum), local(term.count), term.per_example))
         names.append(name)
         loss_weights.append(loss_weight)
     return terms, names, loss_weights
 
 
-def count_only_shares(batch_size):
+def count_only_shares(batch_size, dtype):
     """Returns `LossShares` with only the batch sizes (no compiled loss)."""
-    local = tf.cast(batch_size, tf.float32)
-    return LossShares(tf.zeros((), tf.float32), [], all_reduce_sum(local), local)
+    local = tf.cast(batch_size, dtype)
+    return LossShares(tf.zeros((), dtype), [], all_reduce_sum(local), local)
 
 
 def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
-    """Returns the local sum of weighted loss values and its denominator.
-
-    Mirrors `keras.losses.Loss.__call__` and `reduce_weighted_values` (Keras
-    3.15) but keeps numerator and denominator apart, so the division can use
-    global counts.
-    """
+    """Returns the local sum of weighted loss values and its denominator,
+    from Keras's own reduction (`_keras.loss_parts`)."""
     _checks.numeric_labels(y_true)
-    in_mask = _keras.mask_of(y_pred)
-    dtype = loss_fn.dtype
-    y_pred = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_pred)
-    y_true = tree.map_structure(lambda t: ops.convert_to_tensor(t, dtype), y_true)
+    if loss_fn.reduction in (None, "none"):
+        # Unreduced values add into the total, as Keras's `compute_loss`
+        # sums them.
+        loss_fn = copy.copy(loss_fn)
+        loss_fn.reduction = "sum"
     try:
-        values = loss_fn.call(y_true, y_pred)
+        parts = _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight)
     except (ValueError, tf.errors.InvalidArgumentError) as error:
         # Keep the loss's own message (the shapes may well fit); add where.
         raise ValueError(
@@ -195,70 +203,11 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
             f"with y of shape {_shapes(y_true)} and predictions of shape "
             f"{_shapes(y_pred)}. Check that `y` has the shape this loss expects."
         ) from error
-    out_mask = _keras.mask_of(values)
-    values = tf.cast(values, tf.float32)
-    reduction_name = loss_fn.reduction
-    if values.shape.rank == 0:
-        values = _scalar_as_examples(values, y_pred, name, loss_fn)
-    mask = _combine_masks(in_mask, out_mask)
-    count = tf.cast(tf.size(values), tf.float32)
-    per_example = values.shape[1:].num_elements()
-    weights = None
-    if mask is not None:
-        weights = tf.cast(mask, tf.float32)
-        per_example = None
-        if reduction_name in ("mean", "sum_over_batch_size"):
-            # Keras divides by valid entries, scaled to the values' size.
-            mask_size = tf.cast(tf.size(weights), tf.float32)
-            count = tf.math.divide_no_nan(count * tf.reduce_sum(weights), mask_size)
-    if sample_weight is not None:
-        sample_weight = tf.cast(sample_weight, tf.float32)
-        if weights is None:
-            weights = sample_weight
-        else:
-            weights, sample_weight = _keras.squeeze_or_expand_to_same_rank(
-                weights, sample_weight
-            )
-            weights = weights * sample_weight
-    if weights is not None:
-        values, weights = _keras.squeeze_or_expand_to_same_rank(values, weights)
-        values = values * weights
-    loss_sum = tf.reduce_sum(values)
-    if reduction_name in (None, "none", "sum"):
-        return _Term(loss_sum, None, None)
-    if reduction_name == "mean_with_sample_weight" and sample_weight is not None:
-        return _Term(loss_sum, tf.reduce_sum(weights), None)
-    return _Term(loss_sum, count, per_example)
-
-
-def _scalar_as_examples(value, y_pred, name, loss_fn):
-    """A loss that returns one value for the batch, as every example's value.
-
-    Such a loss is taken as a mean over this replica's examples: spread over
-    them, it is divided by the global count like any per-example loss, so
-    the replicas' shares add up to the global mean. On one device it is the
-    value itself, as in Keras.
-    """
-    if loss_fn.reduction in (None, "none", "sum"):
-        raise ValueError(
-            f"The loss `{name}` returned one value for the whole batch, with "
-            f"reduction={loss_fn.reduction!r}: a sum over examples cannot be "
-            "recovered from it. Received: a scalar from "
-            f"loss={loss_fn!r}. Return one value per example, or use a mean "
-            'reduction such as "sum_over_batch_size".'
-        )
-    examples = tf.shape(tree.flatten(y_pred)[0])[0]
-    return tf.fill([examples], value)
+    return _Term(parts.total, parts.count, parts.per_example)
 
 
 def _shapes(nest):
     return tree.map_structure(lambda t: tuple(t.shape), nest)
-
-
-def _combine_masks(in_mask, out_mask):
-    if in_mask is not None and out_mask is not None:
-        return tf.logical_and(tf.cast(in_mask, bool), tf.cast(out_mask, bool))
-    return in_mask if in_mask is not None else out_mask
 
 
 def _resolve(path, nest):

@@ -42,27 +42,22 @@ def all_reduce_sum(value):
     return context.all_reduce("SUM", value)
 
 
-def divide_by_global_counts(local_sums, local_counts, has_examples=None):
+def divide_by_global_counts(local_sums, local_counts):
     """Returns `(shares, global_counts)`: each local sum over its global count.
 
     All counts are summed across replicas in one all-reduce, however many
     there are.
 
     Args:
-        local_sums: Float32 scalars summed on this replica (differentiable).
-        local_counts: Float32 scalars, one denominator per sum, or `None` for
-            a sum that is not divided (`reduction="sum"`). Extra counts past
-            `local_sums` are all-reduced and returned too.
-        has_examples: Optional float32 0/1: whether this replica holds real
-            examples. A replica padded with a placeholder example adds
-            nothing to any sum or count.
+        local_sums: Scalars summed on this replica (differentiable).
+        local_counts: Scalars of the sums' dtype, one denominator per sum,
+            or `None` for a sum that is not divided (`reduction="sum"`).
+            Extra counts past `local_sums` are all-reduced and returned too.
 
     Returns:
         `shares`, one per sum, and the all-reduced `global_counts` (the
         `None` entries left out).
     """
-    if has_examples is not None:
-        local_sums = [value * has_examples for value in local_sums]
     counts = [count for count in local_counts if count is not None]
     if not counts:
         return list(local_sums), []
@@ -71,8 +66,6 @@ def divide_by_global_counts(local_sums, local_counts, has_examples=None):
         global_counts = [tf.stop_gradient(count) for count in counts]
     else:
         stacked = tf.stop_gradient(tf.stack(counts))
-        if has_examples is not None:
-            stacked *= has_examples
         global_counts = tf.unstack(all_reduce_sum(stacked))
     divisors = iter(global_counts)
     shares = [
