@@ -39,13 +39,15 @@ FILES = [
     "callbacks/learning_rate_scheduler_test.py",
     "callbacks/lambda_callback_test.py",
     "callbacks/terminate_on_nan_test.py",
-    "callbacks/history_test.py",
+    "callbacks/monitor_callback_test.py",
     "callbacks/callback_test.py",
-    "callbacks/remote_monitor_test.py",
     "callbacks/tensorboard_test.py",
     "backend/tensorflow/distribute_test.py",
     "export/saved_model_test.py",
 ]
+
+# Both sides: backends other than TensorFlow are not installed.
+NEUTRAL = [(r"^import jax$", "jax = None")]
 
 # Each use of Keras's `Model` class, whichever way a test file names it.
 REWRITES = [
@@ -55,6 +57,12 @@ REWRITES = [
     (r"(?<![\w.])keras\.Model\b", "keras_ctl.CTLModel"),
     (r"(?<![\w.])models\.Model\b", "keras_ctl.CTLModel"),
 ]
+
+# Tests that fail with CTLModel only because of the rewrite itself.
+EXPECTED = {
+    "test_basic_flow_multi_input": "builds a plain `Functional` and asserts "
+    "it is an instance of `Model`, which the rewrite makes `CTLModel`",
+}
 
 CONFTEST = '''
 import pytest
@@ -79,10 +87,10 @@ def sources(cache):
     return root / "keras" / "src"
 
 
-def rewrite(text):
-    for pattern, replacement in REWRITES:
+def rewrite(text, rules):
+    for pattern, replacement in rules:
         text = re.sub(pattern, replacement, text, flags=re.MULTILINE)
-    return "import keras_ctl  # noqa\n" + text
+    return text
 
 
 def run(directory, test_file, node=None, timeout=1800):
@@ -122,19 +130,27 @@ def main():
     src = sources(out / "cache")
     summary = {"keras": keras.__version__, "files": {}, "regressions": []}
     for relative in args.files:
-        original = (src / relative).read_text()
+        original = rewrite((src / relative).read_text(), NEUTRAL)
         name = relative.replace("/", "__")
         sides = {}
-        for side, text in (("keras", original), ("ctl", rewrite(original))):
+        ctl = "import keras_ctl  # noqa\n" + rewrite(original, REWRITES)
+        for side, text in (("keras", original), ("ctl", ctl)):
             directory = out / side
             directory.mkdir(parents=True, exist_ok=True)
             (directory / "conftest.py").write_text(CONFTEST)
             test_file = directory / name
             test_file.write_text(text)
             sides[side] = run(directory, test_file)
+        if not any(sides["keras"].values()):
+            raise SystemExit(f"{relative}: no test passed with keras.Model")
         keras_passed = {t for t, ok in sides["keras"].items() if ok}
         ctl_passed = {t for t, ok in sides["ctl"].items() if ok}
-        failing = sorted(keras_passed - ctl_passed)
+        failing = sorted(
+            t for t in keras_passed - ctl_passed if t.split("::")[1] not in EXPECTED
+        )
+        expected = sorted(
+            t for t in keras_passed - ctl_passed if t.split("::")[1] in EXPECTED
+        )
         alone = {}
         for test in failing:
             result = run(out / "ctl", out / "ctl" / name, node_id(test), timeout=600)
@@ -143,6 +159,7 @@ def main():
             "keras.Model passed": len(keras_passed),
             "CTLModel passed": len(ctl_passed & keras_passed),
             "regressions": len(failing),
+            "expected": {t: EXPECTED[t.split("::")[1]] for t in expected},
         }
         summary["regressions"] += [
             {"file": relative, "test": t, "alone": alone[t]} for t in failing

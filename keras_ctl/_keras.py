@@ -574,6 +574,15 @@ def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples)
                 "from it. Return one value per example, or use a mean "
                 'reduction such as "sum_over_batch_size".'
             )
+        if sample_weight is not None and num_replicas() > 1:
+            raise ValueError(
+                "The loss returned one value for the whole batch, weighted by "
+                "sample or class weights: under several replicas that value "
+                "is each replica's own, and no per-example weighting of it "
+                "adds up to one device's. Return one value per example from "
+                "the loss's `call()` (Keras then weighs each example), or "
+                "train without `sample_weight`/`class_weight`."
+            )
         values = tf.fill([examples], values)
     total = original(values, sample_weight, mask, "sum", dtype)
     if reduction == "sum":

@@ -270,6 +270,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return config
 
     def compile_from_config(self, config):
+        if type(self).compile is not CTLModel.compile:
+            # A subclass's own `compile()`: Keras warns and leaves it to the
+            # user, as for a `keras.Model` subclass.
+            return super().compile_from_config(config)
         # Keras skips `compile()` on load when a class overrides it.
         self.compile(**keras.saving.deserialize_keras_object(config))
         if getattr(self, "optimizer", None) is not None and self.built:

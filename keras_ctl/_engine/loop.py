@@ -231,7 +231,14 @@ def make_predict_function(model):
     def replica_predict(data):
         return model.predict_step(_optionals_to_none(data))
 
-    if model.jit_compile and not model.run_eagerly:
+    # XLA cannot place a per-replica prediction whose variables live on
+    # several devices (a replica's compiled function reads another's copy),
+    # so under several replicas predictions run without it.
+    if (
+        model.jit_compile
+        and not model.run_eagerly
+        and strategy.num_replicas_in_sync == 1
+    ):
         replica_predict = tf.function(
             replica_predict, jit_compile=True, reduce_retracing=True
         )

@@ -1,0 +1,342 @@
+"""Generated `compile()`/`fit()` configurations, run with `keras.Model` on
+one device and with `CTLModel` under a strategy, for differential tests.
+
+A configuration is a dict of plain values drawn from a seed (`draw(seed)`):
+a model kind, a loss and its reduction, sample or class weights, metrics,
+an optimizer and its options, `steps_per_execution`, `jit_compile`, arrays
+or `tf.data`, a dataset size that leaves uneven (often empty) replicas, and
+validation data. `run(config, ...)` trains from fixed initial weights and
+returns weights, `history` and `evaluate()` as float64 arrays.
+
+Reproduce one configuration from the command line (one device and two
+replicas, float64):
+
+    python tests/configurations.py SEED
+"""
+
+import json
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_ctl
+
+BATCH = 8
+EPOCHS = 2
+# Sizes whose last batch leaves a replica of 2 or 3 without an example
+# (17 = 2 x 8 + 1, 25 = 3 x 8 + 1, 33 = 4 x 8 + 1) or splits unevenly.
+SIZES = (17, 25, 30, 33, 37)
+
+KINDS = ("mlp", "conv", "two_outputs", "masked_embedding", "rnn", "add_loss")
+REDUCTIONS = ("sum_over_batch_size", "sum", "mean_with_sample_weight")
+OPTIMIZERS = ("sgd", "adam", "rmsprop", "adagrad", "adadelta", "adamw")
+OPTIONS = (
+    {},
+    {},
+    {"clipnorm": 0.05},
+    {"global_clipnorm": 0.05},
+    {"clipvalue": 0.01},
+    {"use_ema": True, "ema_overwrite_frequency": 3},
+    {"gradient_accumulation_steps": 2},
+)
+# Losses by the kind of label an output takes.
+CLASS_LOSSES = ("sparse_ce", "sparse_ce_ignore", "categorical_ce", "scalar_loss")
+REGRESSION_LOSSES = ("mse", "mae", "huber", "scalar_loss")
+CLASSES = 4
+
+
+def draw(seed):
+    """The configuration of `seed` (the same on every machine)."""
+    rng = np.random.default_rng(seed)
+
+    def pick(options):
+        return options[int(rng.integers(len(options)))]
+
+    kind = pick(KINDS)
+    regression = kind == "two_outputs" or bool(rng.integers(4) == 0)
+    weights = pick(("none", "none", "sample", "class"))
+    if regression and weights == "class":
+        weights = "sample"
+    loss = pick(REGRESSION_LOSSES if regression else CLASS_LOSSES)
+    if loss == "scalar_loss":
+        # Refused under several replicas (see `test_a_weighted_scalar_loss_*`).
+        weights = "none"
+    return {
+        "seed": seed,
+        "kind": kind,
+        "task": "regression" if regression else "classification",
+        "loss": loss,
+        "reduction": pick(REDUCTIONS),
+        "weights": weights,
+        "metrics": bool(rng.integers(2)),
+        "optimizer": pick(OPTIMIZERS),
+        "options": pick(OPTIONS),
+        "steps_per_execution": pick((1, 1, 3)),
+        "jit_compile": bool(rng.integers(4) == 0),
+        "dataset": bool(rng.integers(2)),
+        "size": pick(SIZES),
+        "validation": bool(rng.integers(2)),
+    }
+
+
+def describe(config):
+    return json.dumps(config, sort_keys=True)
+
+
+def _model(config, model_class):
+    kind = config["kind"]
+    units = 1 if config["task"] == "regression" else CLASSES
+    init = keras.initializers.GlorotUniform(seed=config["seed"])
+
+    def dense(n, **kwargs):
+        return keras.layers.Dense(n, kernel_initializer=init, **kwargs)
+
+    if kind == "add_loss":
+        return _with_add_loss(model_class, units, init)
+    if kind == "masked_embedding":
+        inputs = keras.Input((6,), dtype="int32")
+        h = keras.layers.Embedding(13, 4, mask_zero=True, embeddings_initializer=init)(
+            inputs
+        )
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    elif kind == "rnn":
+        inputs = keras.Input((5, 3))
+        h = keras.layers.LSTM(4, kernel_initializer=init, seed=1)(inputs)
+    elif kind == "conv":
+        inputs = keras.Input((6, 6, 1))
+        h = keras.layers.Conv2D(3, 3, activation="relu", kernel_initializer=init)(
+            inputs
+        )
+        h = keras.layers.Flatten()(h)
+    else:
+        inputs = keras.Input((5,))
+        h = dense(6, activation="tanh", kernel_regularizer=keras.regularizers.l2(1e-3))(
+            inputs
+        )
+    if kind == "two_outputs":
+        outputs = {
+            "a": dense(1, name="a")(h),
+            "b": dense(2, name="b")(h),
+        }
+    else:
+        outputs = dense(units)(h)
+    return model_class(inputs, outputs)
+
+
+def _with_add_loss(model_class, units, init):
+    class AddLoss(model_class):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(
+                6, activation="tanh", kernel_initializer=init
+            )
+            self.out = keras.layers.Dense(units, kernel_initializer=init)
+
+        def call(self, x):
+            h = self.hidden(x)
+            self.add_loss(1e-2 * keras.ops.mean(keras.ops.square(self.hidden.kernel)))
+            return self.out(h)
+
+    model = AddLoss()
+    model(np.zeros((1, 5), keras.config.floatx()))
+    return model
+
+
+class _ScalarLoss(keras.losses.Loss):
+    """A loss that returns one value for the batch."""
+
+    def call(self, y_true, y_pred):
+        return keras.ops.mean(keras.ops.square(y_pred - y_true))
+
+
+def _loss(config, name):
+    reduction = config["reduction"]
+    loss = config["loss"]
+    if loss == "sparse_ce":
+        return keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=reduction
+        )
+    if loss == "sparse_ce_ignore":
+        return keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=0, reduction=reduction
+        )
+    if loss == "categorical_ce":
+        return keras.losses.CategoricalCrossentropy(
+            from_logits=True, reduction=reduction
+        )
+    if loss == "scalar_loss":
+        if reduction == "sum":
+            reduction = "sum_over_batch_size"  # a sum is refused for a scalar
+        return _ScalarLoss(reduction=reduction, name="scalar_loss")
+    return {
+        "mse": keras.losses.MeanSquaredError,
+        "mae": keras.losses.MeanAbsoluteError,
+        "huber": keras.losses.Huber,
+    }[loss](reduction=reduction, name=name)
+
+
+def _data(config):
+    rng = np.random.default_rng(1000 + config["seed"])
+    n, kind = config["size"], config["kind"]
+    if kind == "masked_embedding":
+        x = rng.integers(0, 13, (n, 6)).astype("int32")
+        x[: n // 3, 3:] = 0  # masked steps
+    elif kind == "rnn":
+        x = rng.normal(size=(n, 5, 3))
+    elif kind == "conv":
+        x = rng.random((n, 6, 6, 1))
+    else:
+        x = rng.normal(size=(n, 5))
+    if not np.issubdtype(x.dtype, np.integer):
+        x = x.astype(keras.config.floatx())
+    classes = rng.integers(0, CLASSES, n).astype("int32")
+    if config["kind"] == "two_outputs":
+        y = {
+            "a": rng.normal(size=(n, 1)).astype(keras.config.floatx()),
+            "b": rng.normal(size=(n, 2)).astype(keras.config.floatx()),
+        }
+    elif config["task"] == "regression":
+        y = rng.normal(size=(n, 1)).astype(keras.config.floatx())
+    elif config["loss"] in ("categorical_ce", "scalar_loss"):
+        y = np.eye(CLASSES, dtype=keras.config.floatx())[classes]
+    else:
+        y = classes
+    sample_weight = None
+    if config["weights"] == "sample":
+        sample_weight = rng.uniform(0.2, 2.0, n).astype(keras.config.floatx())
+    return x, y, sample_weight, classes
+
+
+def run(config, model_class, strategy=None, floatx="float64"):
+    """Trains `config` and returns `{"weights", "history", "evaluate"}`."""
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    # Keras keeps the global dtype policy of the first layer made after
+    # `set_floatx`: set both.
+    keras.config.set_floatx(floatx)
+    keras.config.set_dtype_policy(floatx)
+    try:
+        return _run(config, model_class, strategy or tf.distribute.get_strategy())
+    finally:
+        keras.config.set_floatx(previous[0])
+        keras.config.set_dtype_policy(previous[1])
+
+
+def _run(config, model_class, strategy):
+    keras.utils.set_random_seed(config["seed"])
+    x, y, sample_weight, classes = _data(config)
+    n = config["size"]
+    with strategy.scope():
+        model = _model(config, model_class)
+        names = ["a", "b"] if config["kind"] == "two_outputs" else None
+        loss = (
+            {name: _loss(config, name) for name in names}
+            if names
+            else _loss(config, "loss")
+        )
+        metrics = None
+        if config["metrics"]:
+            metrics = {"a": ["mae"], "b": ["mae"]} if names else ["mae"]
+            if not names and y.ndim == 1:
+                metrics = ["sparse_categorical_accuracy"]
+        optimizer = keras.optimizers.get(
+            {"class_name": config["optimizer"], "config": dict(config["options"])}
+        )
+        model.compile(
+            optimizer=optimizer,
+            loss=loss,
+            loss_weights={"a": 0.7, "b": 1.3} if names else None,
+            metrics=metrics,
+            steps_per_execution=config["steps_per_execution"],
+            jit_compile=config["jit_compile"],
+        )
+    fit_kwargs = {"epochs": EPOCHS, "verbose": 0, "shuffle": False}
+    class_weight = None
+    if config["weights"] == "class":
+        class_weight = {c: 0.5 + 0.25 * c for c in range(CLASSES)}
+    validation = None
+    if config["validation"]:
+        validation = (x[: n // 2], _head(y, n // 2))
+    if config["dataset"]:
+        parts = (x, y) if sample_weight is None else (x, y, sample_weight)
+        data = tf.data.Dataset.from_tensor_slices(parts).batch(BATCH)
+        history = model.fit(
+            data, class_weight=class_weight, validation_data=validation, **fit_kwargs
+        )
+    else:
+        history = model.fit(
+            x,
+            y,
+            batch_size=BATCH,
+            sample_weight=sample_weight,
+            class_weight=class_weight,
+            validation_data=validation,
+            **fit_kwargs,
+        )
+    evaluation = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    weights = [np.asarray(w, "float64") for w in model.get_weights()]
+    return {
+        "weights": weights,
+        "history": {k: np.asarray(v, "float64") for k, v in history.history.items()},
+        "evaluate": {k: np.float64(v) for k, v in evaluation.items()},
+    }
+
+
+def _head(y, n):
+    if isinstance(y, dict):
+        return {k: v[:n] for k, v in y.items()}
+    return y[:n]
+
+
+def differences(expected, actual):
+    """`{what: max relative difference}` between two `run` results."""
+
+    def relative(a, b):
+        a, b = np.asarray(a, "float64"), np.asarray(b, "float64")
+        if a.shape != b.shape:
+            return np.inf
+        scale = np.maximum(1.0, np.abs(a))
+        return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
+
+    out = {
+        "weights": max(
+            relative(a, b) for a, b in zip(expected["weights"], actual["weights"])
+        )
+    }
+    for part in ("history", "evaluate"):
+        if set(expected[part]) != set(actual[part]):
+            out[part] = np.inf
+            continue
+        out[part] = max(
+            [relative(expected[part][k], actual[part][k]) for k in expected[part]]
+            or [0.0]
+        )
+    return out
+
+
+def check(config, strategy=None, floatx="float64", tolerance=None):
+    """Compares `config` under `strategy` with `keras.Model` on one device;
+    returns `(passed, differences)`."""
+    tolerance = tolerance or {"float64": 1e-9, "float32": 1e-5}[floatx]
+    expected = run(config, keras.Model, floatx=floatx)
+    actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
+    found = differences(expected, actual)
+    return max(found.values()) <= tolerance, found
+
+
+def main(argv):
+    sys.path.insert(0, __file__.rsplit("/", 1)[0])
+    import strategies
+
+    strategies.configure_logical_cpus()
+    seed = int(argv[1])
+    config = draw(seed)
+    print(describe(config))
+    for name in ("default", "mirrored"):
+        passed, found = check(config, strategies.get(name))
+        print(name, "passed" if passed else "FAILED", found)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
