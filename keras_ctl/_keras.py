@@ -153,8 +153,16 @@ def add_to_mean(tracker, total, count):
     exact step adds a share of a global value with a weight of its own.
     `total`/`count` are Mean's variables (not underscored, not documented).
     """
-    _add(tracker.total, tf.cast(total, tracker.dtype))
-    _add(tracker.count, tf.cast(count, tracker.dtype))
+    _add(tracker.total, _as_dtype(total, tracker.dtype))
+    _add(tracker.count, _as_dtype(count, tracker.dtype))
+
+
+def _as_dtype(value, dtype):
+    # `tf.cast` of a Python float makes a float32 constant first: 1/3 would
+    # be rounded to float32 in a float64 tracker.
+    if tf.is_tensor(value):
+        return tf.cast(value, dtype)
+    return tf.constant(value, dtype)
 
 
 def _add(variable, value):

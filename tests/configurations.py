@@ -12,6 +12,8 @@ Reproduce one configuration from the command line (one device and two
 replicas, float64):
 
     python tests/configurations.py SEED
+
+or check a range of seeds under R replicas: `--replicas R --seeds A:B`.
 """
 
 import json
@@ -325,17 +327,60 @@ def check(config, strategy=None, floatx="float64", tolerance=None):
     return max(found.values()) <= tolerance, found
 
 
+def sweep(seeds, replicas, floatx="float64"):
+    """Checks each seed's configuration on one device and under `replicas`;
+    yields `(seed, where, passed, differences or error)`."""
+    devices = [f"/cpu:{i}" for i in range(replicas)]
+    places = {
+        "one device": None,
+        f"{replicas} replicas": tf.distribute.MirroredStrategy(devices),
+    }
+    for seed in seeds:
+        config = draw(seed)
+        for where, strategy in places.items():
+            try:
+                passed, found = check(config, strategy, floatx=floatx)
+            except Exception as error:  # reported with its configuration
+                passed, found = False, f"{type(error).__name__}: {error}"[:500]
+            yield seed, where, passed, found
+
+
 def main(argv):
+    """`SEED` (one configuration) or `--replicas R --seeds A:B`: prints one
+    JSON line per failure and a last line with the counts."""
+    import argparse
+
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
     import strategies
 
     strategies.configure_logical_cpus()
-    seed = int(argv[1])
-    config = draw(seed)
-    print(describe(config))
-    for name in ("default", "mirrored"):
-        passed, found = check(config, strategies.get(name))
-        print(name, "passed" if passed else "FAILED", found)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("seed", nargs="?", type=int)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--seeds", default=None)
+    args = parser.parse_args(argv[1:])
+    if args.seed is not None:
+        seeds = [args.seed]
+    else:
+        first, last = (int(part) for part in args.seeds.split(":"))
+        seeds = range(first, last)
+    checked = failed = 0
+    for seed, where, passed, found in sweep(seeds, args.replicas):
+        checked += 1
+        if not passed:
+            failed += 1
+            print(
+                json.dumps(
+                    {
+                        "seed": seed,
+                        "where": where,
+                        "found": str(found),
+                        "config": draw(seed),
+                    }
+                ),
+                flush=True,
+            )
+    print(json.dumps({"checked": checked, "failed": failed}), flush=True)
 
 
 if __name__ == "__main__":
