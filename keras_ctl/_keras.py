@@ -18,12 +18,10 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 from keras import tree
-from keras.src.backend import get_keras_mask as _get_keras_mask
 from keras.src.backend.tensorflow import nn as _tf_nn
 from keras.src.backend.tensorflow.core import Variable as _TFVariable
 from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.losses import loss as _loss_module
-from keras.src.losses.loss import squeeze_or_expand_to_same_rank
 from keras.src.models.functional import Functional
 from keras.src.models.model import functional_init_arguments
 from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
@@ -56,7 +54,6 @@ __all__ = [
     "initial_epoch",
     "keras_accumulators",
     "loss_tracker",
-    "mask_of",
     "micro_batch_iterations",
     "one_copy_of_each_variable",
     "one_update_of_accumulated_steps",
@@ -66,20 +63,10 @@ __all__ = [
     "register_under_name",
     "replica_step",
     "set_initial_epoch",
-    "squeeze_or_expand_to_same_rank",
     "user_compute_loss",
     "user_loss",
     "without_strategy",
 ]
-
-
-def mask_of(tensor):
-    """The Keras mask a layer attached to `tensor`, or `None`.
-
-    Keras keeps masks in a private tensor attribute (`backend.get_keras_mask`
-    is not exported); the compiled loss needs them to weigh masked entries.
-    """
-    return _get_keras_mask(tensor)
 
 
 def compile_loss(model):

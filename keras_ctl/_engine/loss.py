@@ -41,19 +41,6 @@ class NeedsCountAllReduce(Exception):
     sums), asked for without one."""
 
 
-class _Term(NamedTuple):
-    """One output's local loss sum and how to divide it.
-
-    `count` is the local denominator, or `None` for `reduction="sum"`.
-    `per_example` is the static denominator of one example when it is the
-    same for every example (no mask, no weight sum), else `None`.
-    """
-
-    loss_sum: tf.Tensor
-    count: object
-    per_example: object
-
-
 def compiled_loss_shares(
     compile_loss, y, y_pred, sample_weight, batch_size, global_batch_size=None
 ):
@@ -79,7 +66,7 @@ def compiled_loss_shares(
         compile_loss, y, y_pred, sample_weight, batch_size
     )
     local_batch = tf.cast(batch_size, compile_loss.dtype)
-    sums = [term.loss_sum for term in terms]
+    sums = [term.total for term in terms]
     if global_batch_size is None:
         counts = [term.count for term in terms] + [local_batch]
         shares, global_counts = divide_by_global_counts(sums, counts)
@@ -133,11 +120,11 @@ def _fixed_count_shares(terms, global_batch_size):
     if any(t.count is not None and t.per_example is None for t in terms):
         raise NeedsCountAllReduce()
     return [
-        term.loss_sum
+        term.total
         if term.count is None
         else tf.math.divide_no_nan(
-            term.loss_sum,
-            tf.cast(term.per_example * global_batch_size, term.loss_sum.dtype),
+            term.total,
+            tf.cast(term.per_example * global_batch_size, term.total.dtype),
         )
         for term in terms
     ]
@@ -151,7 +138,8 @@ def _weighted_total(shares, loss_weights):
 
 
 def _terms(compile_loss, y, y_pred, sample_weight, batch_size):
-    """`(terms, names, loss_weights)`: one `_Term` per output with a loss,
+    """`(terms, names, loss_weights)`: one `_keras.LossParts` per output with a
+    loss,
     in the compiled loss's dtype (Keras casts each output's loss to it)."""
     dtype = compile_loss.dtype
     # A replica padded with a placeholder example contributes nothing, not
@@ -173,7 +161,7 @@ def _terms(compile_loss, y, y_pred, sample_weight, batch_size):
         term = _loss_term(
             loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
         )
-        terms.append(_Term(local(term.loss_sum), local(term.count), term.per_example))
+        terms.append(term._replace(total=local(term.total), count=local(term.count)))
         names.append(name)
         loss_weights.append(loss_weight)
     return terms, names, loss_weights
@@ -186,8 +174,8 @@ def count_only_shares(batch_size, dtype):
 
 
 def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
-    """Returns the local sum of weighted loss values and its denominator,
-    from Keras's own reduction (`_keras.loss_parts`)."""
+    """The `_keras.LossParts` of one output: its local weighted sum and
+    denominator, from Keras's own reduction."""
     _checks.numeric_labels(y_true)
     if loss_fn.reduction in (None, "none"):
         # Unreduced values add into the total, as Keras's `compute_loss`
@@ -195,7 +183,7 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
         loss_fn = copy.copy(loss_fn)
         loss_fn.reduction = "sum"
     try:
-        parts = _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight)
+        return _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight)
     except (ValueError, tf.errors.InvalidArgumentError) as error:
         # Keep the loss's own message (the shapes may well fit); add where.
         raise ValueError(
@@ -203,7 +191,6 @@ def _loss_term(loss_fn, y_true, y_pred, sample_weight, name):
             f"with y of shape {_shapes(y_true)} and predictions of shape "
             f"{_shapes(y_pred)}. Check that `y` has the shape this loss expects."
         ) from error
-    return _Term(parts.total, parts.count, parts.per_example)
 
 
 def _shapes(nest):
