@@ -379,9 +379,15 @@ def gradients_already_summed(optimizer):
             setattr(member, _EMA_DEFERRED, True)
             member.use_ema = False
         setattr(member, _SUMMED_MARK, applying + 1)
+    # This thread's own record: replica threads share the optimizer, and
+    # one replica may enter its next `apply` while another is still inside
+    # this one (a GAN's discriminator steps).
+    outer = getattr(_in_step, "summed", frozenset())
+    _in_step.summed = outer | {id(member) for member in family}
     try:
         yield
     finally:
+        _in_step.summed = outer
         for member in family:
             applying = getattr(member, _SUMMED_MARK) - 1
             setattr(member, _SUMMED_MARK, applying)
@@ -752,8 +758,7 @@ def _install_summing_apply():
     `MultiOptimizer.apply`, each its own method), and a loss scale decides
     on that part. Here the sum comes first (one collective, where Keras
     made it), so clipping, the loss scale's check and the EMA see one
-    device's gradient, as in the default step. Checked on Keras 3.12.0
-    and 3.15.1.
+    device's gradient, as in the default step. Checked on Keras 3.12.0 and 3.15.1.
     """
     classes = [_BaseOptimizer, keras.optimizers.LossScaleOptimizer]
     if hasattr(keras.optimizers, "MultiOptimizer"):  # Keras >= 3.15
@@ -763,7 +768,7 @@ def _install_summing_apply():
         def apply(self, grads, trainable_variables=None):
             if (
                 not getattr(_in_step, "active", False)
-                or getattr(self, _SUMMED_MARK, 0)
+                or id(self) in getattr(_in_step, "summed", ())
                 or num_replicas() == 1
                 or tf.distribute.get_replica_context() is None
             ):
