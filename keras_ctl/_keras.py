@@ -596,6 +596,12 @@ def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples)
     return LossParts(total, count, per_example)
 
 
+def _zero_unless(condition, value):
+    if value is None:
+        return None
+    return tf.where(condition, value, tf.zeros_like(value))
+
+
 def _install_exact_reduction():
     """Keras's loss reduction, exact across replicas inside our steps.
 
@@ -649,6 +655,14 @@ def _install_exact_reduction():
                 # loss called inside it reduces as Keras does, locally.
                 capture["parts"] = parts
                 return original(values, sample_weight, mask, reduction, dtype)
+            real = getattr(_in_step, "real_examples", None)
+            if real is not None:
+                # A replica padded with a placeholder example (see
+                # `count_only_real_examples`) adds nothing, count included.
+                parts = parts._replace(
+                    total=_zero_unless(real > 0, parts.total),
+                    count=_zero_unless(real > 0, parts.count),
+                )
             if parts.count is None:
                 return valued_as_global(parts.total)
             total, count = tf.unstack(

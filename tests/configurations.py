@@ -16,6 +16,7 @@ replicas, float64):
 or check a range of seeds under R replicas: `--replicas R --seeds A:B`.
 """
 
+import contextlib
 import json
 import sys
 
@@ -211,18 +212,25 @@ def _data(config):
     return x, y, sample_weight, classes
 
 
-def run(config, model_class, strategy=None, floatx="float64"):
-    """Trains `config` and returns `{"weights", "history", "evaluate"}`."""
+@contextlib.contextmanager
+def computing_in(dtype):
+    """Within it, Keras makes and computes in `dtype`."""
     previous = keras.config.floatx(), keras.config.dtype_policy()
     # Keras keeps the global dtype policy of the first layer made after
     # `set_floatx`: set both.
-    keras.config.set_floatx(floatx)
-    keras.config.set_dtype_policy(floatx)
+    keras.config.set_floatx(dtype)
+    keras.config.set_dtype_policy(dtype)
     try:
-        return _run(config, model_class, strategy or tf.distribute.get_strategy())
+        yield
     finally:
         keras.config.set_floatx(previous[0])
         keras.config.set_dtype_policy(previous[1])
+
+
+def run(config, model_class, strategy=None, floatx="float64"):
+    """Trains `config` and returns `{"weights", "history", "evaluate"}`."""
+    with computing_in(floatx):
+        return _run(config, model_class, strategy or tf.distribute.get_strategy())
 
 
 def _run(config, model_class, strategy):
