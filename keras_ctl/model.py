@@ -77,6 +77,20 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     _gradient_accumulation = "micro_batches"
     _accumulation = None
 
+    def __new__(cls, *args, **kwargs):
+        # A class without a constructor of its own passes its arguments to
+        # `__init__` below as they are: decide here, before Keras's
+        # `Layer.__new__` wraps the class's `build` (a functional model's
+        # `build_from_config` needs `Functional.build`; Keras's
+        # `Model.__new__` does the same for `Model(inputs, outputs)`).
+        if (
+            cls.__init__ is CTLModel.__init__
+            and _keras.functional_init_arguments(args, kwargs)
+            and not issubclass(cls, _keras.Functional)
+        ):
+            cls = _functional_variant(cls)
+        return super().__new__(cls)
+
     def __init__(self, *args, **kwargs):
         # Keras 3.15 makes a `Model` subclass functional by rewriting the
         # `__bases__` of its whole hierarchy for good (`Model.__init__`,
