@@ -496,11 +496,14 @@ def replica_step():
     """Within it (in this thread), Keras code called by a replica step is
     exact across replicas: `Loss` objects (`_install_exact_reduction`),
     synchronized BatchNorm (`_install_exact_sync_moments`),
-    `optimizer.apply` (`_install_summing_apply`) and variables that
+    convolutions of a replica without examples
+    (`_install_convolutions_of_empty_batches`), `optimizer.apply`
+    (`_install_summing_apply`) and variables that
     workers share (`_install_atomic_updates`) or that are sharded across
     parameter servers (`_install_sharded_updates`)."""
     _install_exact_reduction()
     _install_exact_sync_moments()
+    _install_convolutions_of_empty_batches()
     _install_summing_apply()
     _install_atomic_updates()
     _install_sharded_updates()
@@ -716,6 +719,51 @@ def _install_exact_sync_moments():
         return compute_moments_sync
 
     _patch_once(_tf_nn, "_compute_moments_sync", replacement)
+
+
+def _install_convolutions_of_empty_batches():
+    """A convolution in a replica step keeps its shape and gradient when
+    the replica has no example, with TensorFlow's oneDNN CPU kernels too.
+
+    The last global batch can leave a replica without examples; a step of
+    one's own passes that empty batch on as it is. On an empty batch the
+    oneDNN kernels (on by default on x86 CPUs, TF 2.18-2.21) return a
+    convolution with its input's channels (a later concatenation fails) and
+    fail on its gradient. There the convolution runs on the batch plus one
+    example of zeros and that row is dropped again: its output is the
+    empty batch's and its gradient zero. A batch known not to be empty is
+    left alone. Patches `backend.tensorflow.nn.conv` and `separable_conv`,
+    the two that fail (checked on Keras 3.12.0 and 3.15.1).
+    """
+    if not _onednn_enabled():
+        return
+
+    def replacement(original):
+        def convolution(inputs, *args, **kwargs):
+            inputs = tf.convert_to_tensor(inputs)
+            if (
+                not getattr(_in_step, "active", False)
+                or inputs.shape[0]
+                or num_replicas() == 1
+            ):
+                return original(inputs, *args, **kwargs)
+            rows = tf.shape(inputs)[0]
+            missing = tf.cast(tf.equal(rows, 0), tf.int32)
+            zeros = tf.zeros(tf.concat([[missing], tf.shape(inputs)[1:]], 0), inputs.dtype)
+            return original(tf.concat([inputs, zeros], 0), *args, **kwargs)[:rows]
+
+        return convolution
+
+    for name in ("conv", "separable_conv"):
+        _patch_once(_tf_nn, name, replacement)
+
+
+def _onednn_enabled():
+    """Whether TensorFlow runs its oneDNN CPU kernels
+    (`TF_ENABLE_ONEDNN_OPTS`, read once when TensorFlow loads)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def micro_batch_iterations(optimizer):
