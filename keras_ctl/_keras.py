@@ -732,8 +732,9 @@ def _install_convolutions_of_empty_batches():
     fail on its gradient. There the convolution runs on the batch plus one
     example of zeros and that row is dropped again: its output is the
     empty batch's and its gradient zero. A batch known not to be empty is
-    left alone. Patches `backend.tensorflow.nn.conv` and `separable_conv`,
-    the two that fail (checked on Keras 3.12.0 and 3.15.1).
+    left alone. Patches the four convolutions of `backend.tensorflow.nn`
+    (the gradient of a transposed one is a convolution; checked on Keras
+    3.12.0 and 3.15.1).
     """
     if not _onednn_enabled():
         return
@@ -749,12 +750,14 @@ def _install_convolutions_of_empty_batches():
                 return original(inputs, *args, **kwargs)
             rows = tf.shape(inputs)[0]
             missing = tf.cast(tf.equal(rows, 0), tf.int32)
-            zeros = tf.zeros(tf.concat([[missing], tf.shape(inputs)[1:]], 0), inputs.dtype)
+            zeros = tf.zeros(
+                tf.concat([[missing], tf.shape(inputs)[1:]], 0), inputs.dtype
+            )
             return original(tf.concat([inputs, zeros], 0), *args, **kwargs)[:rows]
 
         return convolution
 
-    for name in ("conv", "separable_conv"):
+    for name in ("conv", "depthwise_conv", "separable_conv", "conv_transpose"):
         _patch_once(_tf_nn, name, replacement)
 
 

@@ -1,9 +1,9 @@
 """TensorFlow's run-time errors that bad data causes, explained.
 
-A label out of range or an empty replica batch fails deep inside a traced
-step, with a graph trace that names no argument. The step functions
-re-raise these as `ValueError`s that say what was received and what to do;
-the original error stays chained (`raise ... from error`).
+A label out of range fails deep inside a traced step, with a graph trace
+that names no argument. The step functions re-raise it as a `ValueError`
+that says what was received and what to do; the original error stays
+chained (`raise ... from error`).
 """
 
 import re
@@ -16,10 +16,6 @@ _LABEL_OUT_OF_RANGE = re.compile(
     r"Received a label value of (-?\d+) which is outside the valid range of "
     r"\[0, (\d+)\)"
 )
-# TensorFlow's oneDNN CPU kernels (TF 2.18-2.21) give the gradient of a
-# convolution on an empty batch the wrong shape: "Input 0: [0,6,6,6] !=
-# input 1: [0,8,8,1]".
-_EMPTY_BATCH_GRADIENT = re.compile(r"Input 0: \[0,[\d,]*\] != input 1: \[0,")
 
 
 def explained(error):
@@ -37,16 +33,5 @@ def explained(error):
             f"class indices 0 to {int(classes) - 1}). Received: a label {value} "
             f"in `y`. Map the labels to 0 to {int(classes) - 1}, or give the "
             "model's last layer as many units as there are classes."
-        )
-    if _EMPTY_BATCH_GRADIENT.search(message):
-        return ValueError(
-            "A replica received no example in this step (the last batch has "
-            "fewer examples than there are replicas), and TensorFlow's oneDNN "
-            "CPU kernels fail on the gradient of an empty batch. The default "
-            "`train_step` gives such a replica a placeholder example; a "
-            "`train_step` of your own gets the empty batch. Set the "
-            "environment variable TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow "
-            "is imported (the result is then exact), or choose a batch size "
-            "whose last batch has at least one example per replica."
         )
     return None

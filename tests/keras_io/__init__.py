@@ -1,0 +1,95 @@
+"""The keras.io corpus: examples whose model overrides `train_step`,
+`test_step`, `compute_loss` or `compute_metrics`, their model code as
+published (keras-team/keras-io, Apache License 2.0) with the base class a
+parameter, on tiny data.
+
+Each module has `SOURCE` (its keras-io path) and `train(base, strategy,
+parity=True)`, which builds, compiles and fits the example in the current
+dtype and returns `{"weights": [...], "history": {...}}`. `parity=True`
+takes the step's random draws from the data (marked where the code
+changes), so one device and R replicas see the same numbers; `False` runs
+the step as written, with its own randomness.
+
+Sizes: 17 examples, batch 8. The last batch has one example, so under 2
+or 3 replicas some replica gets none.
+"""
+
+import importlib
+import threading
+
+import keras
+import numpy as np
+
+SIZE, BATCH, EPOCHS = 17, 8, 2
+
+# Equal to one device in parity mode.
+EXACT = ("conditional_gan", "dcgan", "trainer_pattern", "distiller", "mlm")
+# Run as written under replicas; vae's losses are a replica's local means.
+AS_WRITTEN = ("conditional_gan", "dcgan", "trainer_pattern", "vae")
+# float64 relative difference and float32 absolute difference allowed.
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+
+
+def train(name, base, strategy, parity=True):
+    return importlib.import_module(f"keras_io.{name}").train(base, strategy, parity)
+
+
+def largest_difference(expected, got):
+    """The largest relative difference of weights and history values."""
+    pairs = list(zip(got["weights"], expected["weights"], strict=True))
+    assert set(got["history"]) == set(expected["history"]), (got, expected)
+    pairs += [(got["history"][k], v) for k, v in expected["history"].items()]
+    return max(
+        float(np.max(np.abs(np.subtract(g, e)) / np.maximum(1.0, np.abs(e))))
+        for g, e in pairs
+    )
+
+
+def result(model, history):
+    """Weights, history and each optimizer's update count of `model`."""
+    return {
+        "weights": [np.asarray(w, "float64") for w in model.get_weights()],
+        "history": {k: np.asarray(v, "float64") for k, v in history.history.items()},
+        "iterations": sorted(
+            int(value.iterations.numpy())
+            for value in vars(model).values()
+            if isinstance(value, keras.optimizers.Optimizer)
+        ),
+    }
+
+
+def compare(names, strategy):
+    """`{dtype: {name: largest difference}}` of CTLModel under `strategy`
+    against keras.Model on one device, in float64 and float32."""
+    import configurations
+    import tensorflow as tf
+
+    import keras_ctl
+
+    found = {}
+    for dtype in TOLERANCE:
+        with configurations.computing_in(dtype):
+            found[dtype] = {
+                name: largest_difference(
+                    train(name, keras.Model, tf.distribute.get_strategy()),
+                    train(name, keras_ctl.CTLModel, strategy),
+                )
+                for name in names
+            }
+    return found
+
+
+class DrawsFromData:
+    """Random draws a step takes from its data instead (parity mode).
+
+    Replica threads share the model, so the draws are kept per thread.
+    """
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def hold(self, draws):
+        self._local.draws = list(draws)
+
+    def next(self):
+        return self._local.draws.pop(0)
