@@ -325,29 +325,31 @@ def differences(expected, actual):
     return out
 
 
-def check(config, strategy=None, floatx="float64", tolerance=None):
-    """Compares `config` under `strategy` with `keras.Model` on one device;
-    returns `(passed, differences)`."""
+def check(config, strategy=None, floatx="float64", tolerance=None, expected=None):
+    """Compares `config` under `strategy` with `keras.Model` on one device
+    (`expected`, when already run); returns `(passed, differences)`."""
     tolerance = tolerance or {"float64": 1e-9, "float32": 1e-5}[floatx]
-    expected = run(config, keras.Model, floatx=floatx)
+    if expected is None:
+        expected = run(config, keras.Model, floatx=floatx)
     actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
     found = differences(expected, actual)
     return max(found.values()) <= tolerance, found
 
 
-def sweep(seeds, replicas, floatx="float64"):
-    """Checks each seed's configuration on one device and under `replicas`;
-    yields `(seed, where, passed, differences or error)`."""
+def sweep(seeds, replicas, floatx="float64", one_device=True):
+    """Checks each seed's configuration under `replicas` (and on one device,
+    unless `one_device` is false); yields `(seed, where, passed,
+    differences or error)`."""
     devices = [f"/cpu:{i}" for i in range(replicas)]
-    places = {
-        "one device": None,
-        f"{replicas} replicas": tf.distribute.MirroredStrategy(devices),
-    }
+    places = {f"{replicas} replicas": tf.distribute.MirroredStrategy(devices)}
+    if one_device:
+        places = {"one device": None, **places}
     for seed in seeds:
         config = draw(seed)
+        expected = run(config, keras.Model, floatx=floatx)
         for where, strategy in places.items():
             try:
-                passed, found = check(config, strategy, floatx=floatx)
+                passed, found = check(config, strategy, floatx, expected=expected)
             except Exception as error:  # reported with its configuration
                 passed, found = False, f"{type(error).__name__}: {error}"[:500]
             yield seed, where, passed, found
@@ -366,6 +368,7 @@ def main(argv):
     parser.add_argument("seed", nargs="?", type=int)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--seeds", default=None)
+    parser.add_argument("--no-one-device", dest="one_device", action="store_false")
     args = parser.parse_args(argv[1:])
     if args.seed is not None:
         seeds = [args.seed]
@@ -373,7 +376,9 @@ def main(argv):
         first, last = (int(part) for part in args.seeds.split(":"))
         seeds = range(first, last)
     checked = failed = 0
-    for seed, where, passed, found in sweep(seeds, args.replicas):
+    for seed, where, passed, found in sweep(
+        seeds, args.replicas, one_device=args.one_device
+    ):
         checked += 1
         if not passed:
             failed += 1
