@@ -185,6 +185,13 @@ def add_metric_update(metric, *args):
         _add(variable, new - old)
 
 
+def all_layers(model):
+    """Every layer inside `model`, nested ones too (`Layer._flatten_layers`,
+    Keras 3.12-3.15: no public accessor walks a subclassed model's
+    attributes)."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
 def user_compute_loss(model, x, y, y_pred, sample_weight, training):
     """Calls a subclass's `compute_loss`, with `training` when it takes it.
 

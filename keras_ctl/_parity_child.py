@@ -59,7 +59,10 @@ def main(argv):
     evaluation = model.evaluate(
         x, y, batch_size=job["batch_size"], verbose=0, return_dict=True
     )
+    from keras_ctl.testing import known_to_differ
+
     result = {
+        "known_to_differ": known_to_differ(model),
         "weights": [np.asarray(w) for w in model.get_weights()],
         "history": {k: np.asarray(v, dtype=np.float64) for k, v in history.items()},
         "evaluate": {k: float(v) for k, v in evaluation.items()},

@@ -16,7 +16,7 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["assert_replica_invariant"]
+__all__ = ["assert_replica_invariant", "known_to_differ"]
 
 
 def assert_replica_invariant(
@@ -65,7 +65,9 @@ def assert_replica_invariant(
 
     Raises:
         AssertionError: with a table of the values that differ by more than
-            `atol` (replica count, value, one device, R replicas, difference).
+            `atol` (replica count, value, one device, R replicas, difference),
+            followed by the parts of the model known to differ from one
+            device and what to do about each (`known_to_differ`).
         RuntimeError: when a run fails; its output ends the message.
 
     Example:
@@ -124,7 +126,9 @@ def assert_replica_invariant(
         if not difference <= atol  # NaN fails too
     ]
     if failures:
-        raise AssertionError(_table(failures, atol))
+        raise AssertionError(
+            _table(failures, atol) + _explained(runs[1].get("known_to_differ", []))
+        )
     return report
 
 
@@ -214,4 +218,76 @@ def _table(failures, atol):
             f"| {replicas} | {value} | {_shown(one, value)} | {_shown(run, value)} "
             f"| {difference:.3g} |"
         )
+    return "\n".join(lines)
+
+
+def known_to_differ(model):
+    """The parts of `model` known to train differently on R replicas than
+    on one device, each with what to do: `[(where, why and what to do)]`.
+
+    The parity kit adds them to its failure message; a model may differ
+    for other reasons too.
+    """
+    from keras_ctl import _keras
+    from keras_ctl.model import CTLModel
+
+    found = []
+    if not isinstance(model, CTLModel):
+        found.append(
+            (
+                type(model).__name__,
+                "a plain `keras.Model`: its loss is a mean over each replica's "
+                "examples. Convert it with `keras_ctl.CTLModel.from_model(model)` "
+                "or subclass `keras_ctl.CTLModel`.",
+            )
+        )
+    else:
+        for method in ("train_step", "test_step", "compute_loss"):
+            if getattr(type(model), method) is not getattr(CTLModel, method):
+                found.append((f"{type(model).__name__}.{method}", _OWN_CODE))
+    for layer in _keras.all_layers(model):
+        why = _layer_difference(layer)
+        if why:
+            found.append((f"{layer.name} ({type(layer).__name__})", why))
+    return found
+
+
+_OWN_CODE = (
+    "code of your own: a mean over this replica's examples (`ops.mean`, "
+    "`tf.reduce_mean`) is not one device's mean. Use Keras `Loss` objects, "
+    "`self.compute_loss(...)` or `keras_ctl.global_mean`; log values with "
+    "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics."
+)
+
+
+def _layer_difference(layer):
+    import keras
+
+    if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
+        layer, "synchronized", False
+    ):
+        return (
+            "batch statistics of each replica's examples in training. Pass "
+            "`synchronized=True` for the global batch's."
+        )
+    if hasattr(layer, "seed_generator"):
+        return (
+            "random draws (dropout, noise, augmentation), made on each "
+            "replica: one device's cannot be reproduced. Compare with them "
+            "off (`rate=0`, or without the layer) and keep them for training."
+        )
+    if getattr(layer, "activity_regularizer", None) is not None:
+        return (
+            "an activity regularizer, which Keras divides by the replica's own "
+            "batch size. Use a weight regularizer or `add_loss` of a "
+            "`keras_ctl.global_mean`."
+        )
+    return None
+
+
+def _explained(known):
+    if not known:
+        return ""
+    lines = ["", "", "Known to differ from one device:"]
+    lines += [f"- {where}: {why}" for where, why in known]
     return "\n".join(lines)

@@ -88,6 +88,9 @@ def test_a_local_mean_fails_with_a_table():
         line for line in message.splitlines() if line.startswith("| 2 | weights")
     )
     assert float(row.rstrip(" |").rsplit("|", 1)[1]) > 1e-5
+    # What is known to differ, and what to do.
+    assert "- LocalMean.train_step: code of your own" in message
+    assert "keras_ctl.global_mean" in message
 
 
 def test_a_nested_build_function_is_refused():
