@@ -6,7 +6,7 @@ a model kind, a loss and its reduction, sample or class weights, metrics,
 an optimizer and its options, `steps_per_execution`, `jit_compile`, arrays
 or `tf.data`, a dataset size that leaves uneven (often empty) replicas, and
 validation data. `run(config, ...)` trains from fixed initial weights and
-returns weights, `history` and `evaluate()` as float64 arrays.
+returns weights, `history`, `evaluate()` and `predict()` as float64 arrays.
 
 Reproduce one configuration from the command line (one device and two
 replicas, float64):
@@ -23,6 +23,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+from keras import tree
 
 import keras_ctl
 
@@ -228,7 +229,7 @@ def computing_in(dtype):
 
 
 def run(config, model_class, strategy=None, floatx="float64"):
-    """Trains `config` and returns `{"weights", "history", "evaluate"}`."""
+    """Trains `config`; returns `{"weights", "predict", "history", "evaluate"}`."""
     with computing_in(floatx):
         return _run(config, model_class, strategy or tf.distribute.get_strategy())
 
@@ -285,9 +286,11 @@ def _run(config, model_class, strategy):
             **fit_kwargs,
         )
     evaluation = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    predictions = model.predict(x, batch_size=BATCH, verbose=0)
     weights = [np.asarray(w, "float64") for w in model.get_weights()]
     return {
         "weights": weights,
+        "predict": [np.asarray(p, "float64") for p in tree.flatten(predictions)],
         "history": {k: np.asarray(v, "float64") for k, v in history.history.items()},
         "evaluate": {k: np.float64(v) for k, v in evaluation.items()},
     }
@@ -310,9 +313,10 @@ def differences(expected, actual):
         return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
 
     out = {
-        "weights": max(
-            relative(a, b) for a, b in zip(expected["weights"], actual["weights"])
+        part: max(
+            relative(a, b) for a, b in zip(expected[part], actual[part], strict=True)
         )
+        for part in ("weights", "predict")
     }
     for part in ("history", "evaluate"):
         if set(expected[part]) != set(actual[part]):
