@@ -503,14 +503,14 @@ def replica_step():
     """Within it (in this thread), Keras code called by a replica step is
     exact across replicas: `Loss` objects (`_install_exact_reduction`),
     synchronized BatchNorm (`_install_exact_sync_moments`),
-    convolutions of a replica without examples
-    (`_install_convolutions_of_empty_batches`), `optimizer.apply`
+    layers on a replica without examples
+    (`_install_layers_of_empty_batches`), `optimizer.apply`
     (`_install_summing_apply`) and variables that
     workers share (`_install_atomic_updates`) or that are sharded across
     parameter servers (`_install_sharded_updates`)."""
     _install_exact_reduction()
     _install_exact_sync_moments()
-    _install_convolutions_of_empty_batches()
+    _install_layers_of_empty_batches()
     _install_summing_apply()
     _install_atomic_updates()
     _install_sharded_updates()
@@ -728,52 +728,77 @@ def _install_exact_sync_moments():
     _patch_once(_tf_nn, "_compute_moments_sync", replacement)
 
 
-def _install_convolutions_of_empty_batches():
-    """A convolution in a replica step keeps its shape and gradient when
-    the replica has no example, with TensorFlow's oneDNN CPU kernels too.
+def _install_layers_of_empty_batches():
+    """A layer called by a step of one's own on a replica without examples
+    computes on one placeholder example of zeros, whose row it drops from
+    its outputs: the caller gets the empty batch's outputs.
 
-    The last global batch can leave a replica without examples; a step of
-    one's own passes that empty batch on as it is. On an empty batch the
-    oneDNN kernels (on by default on x86 CPUs, TF 2.18-2.21) return a
-    convolution with its input's channels (a later concatenation fails) and
-    fail on its gradient. There the convolution runs on the batch plus one
-    example of zeros and that row is dropped again: its output is the
-    empty batch's and its gradient zero. A batch known not to be empty is
-    left alone. Patches the four convolutions of `backend.tensorflow.nn`
-    (the gradient of a transposed one is a convolution; checked on Keras
-    3.12.0 and 3.15.1).
+    The last global batch can leave a replica without examples, and a step
+    of one's own gets that empty batch as it is. Many kernels fail on it or
+    give it a wrong shape: TensorFlow's oneDNN CPU convolutions (wrong
+    output channels, a failing gradient), `tf.pad(mode="REFLECT")`, Keras's
+    LSTM cell (an `ops.add` taken for a bias). Only the outermost layer
+    call pads (layers inside it see the placeholder); synchronized
+    BatchNorm leaves the placeholder out (`real_examples`), and losses,
+    metrics and gradients computed from the outputs see no example.
+    The default steps pad their data themselves and are left alone.
+    Patches `Layer.__call__` (checked on Keras 3.12.0 and 3.15.1).
     """
-    if not _onednn_enabled():
-        return
 
     def replacement(original):
-        def convolution(inputs, *args, **kwargs):
-            inputs = tf.convert_to_tensor(inputs)
+        def call(self, *args, **kwargs):
             if (
                 not getattr(_in_step, "active", False)
-                or inputs.shape[0]
+                or getattr(_in_step, "real_examples", None) is not None
                 or num_replicas() == 1
             ):
-                return original(inputs, *args, **kwargs)
-            rows = tf.shape(inputs)[0]
+                return original(self, *args, **kwargs)
+            leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
+            if not leaves:
+                return original(self, *args, **kwargs)
+            rows = tf.shape(leaves[0])[0]
             missing = tf.cast(tf.equal(rows, 0), tf.int32)
-            zeros = tf.zeros(
-                tf.concat([[missing], tf.shape(inputs)[1:]], 0), inputs.dtype
+            args, kwargs = tree.map_structure(
+                lambda t: _with_rows(t, missing) if _may_be_empty(t) else t,
+                (args, kwargs),
             )
-            return original(tf.concat([inputs, zeros], 0), *args, **kwargs)[:rows]
+            _in_step.real_examples = rows
+            try:
+                outputs = original(self, *args, **kwargs)
+            finally:
+                _in_step.real_examples = None
+            return tree.map_structure(lambda t: _without_rows(t, missing), outputs)
 
-        return convolution
+        return call
 
-    for name in ("conv", "depthwise_conv", "separable_conv", "conv_transpose"):
-        _patch_once(_tf_nn, name, replacement)
+    _patch_once(keras.Layer, "__call__", replacement)
 
 
-def _onednn_enabled():
-    """Whether TensorFlow runs its oneDNN CPU kernels
-    (`TF_ENABLE_ONEDNN_OPTS`, read once when TensorFlow loads)."""
-    from tensorflow.python.util import _pywrap_util_port
+def _may_be_empty(value):
+    """A tensor whose leading (batch) dimension may be 0: unknown in a
+    trace, 0 when run eagerly (a GAN's first step)."""
+    return tf.is_tensor(value) and value.shape.rank and value.shape[0] in (None, 0)
 
-    return bool(_pywrap_util_port.IsMklEnabled())
+
+def _with_rows(tensor, missing):
+    zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
+    return tf.concat([tensor, zeros], axis=0)
+
+
+def _without_rows(tensor, missing):
+    """`tensor` without the placeholder's row, when it has the batch's rows
+    (a traced batch dimension; run eagerly, the placeholder's one row)."""
+    if not (tf.is_tensor(tensor) and tensor.shape.rank):
+        return tensor
+    if tensor.shape[0] is not None and not (
+        tf.executing_eagerly() and int(missing) == 1 and tensor.shape[0] == 1
+    ):
+        return tensor
+    kept = tensor[: tf.shape(tensor)[0] - missing]
+    mask = getattr(tensor, "_keras_mask", None)
+    if mask is not None:
+        kept._keras_mask = mask[: tf.shape(mask)[0] - missing]
+    return kept
 
 
 def micro_batch_iterations(optimizer):

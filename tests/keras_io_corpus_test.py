@@ -24,7 +24,13 @@ import keras_ctl
 STEPS = keras_io.EPOCHS * -(-keras_io.SIZE // keras_io.BATCH)
 
 
-@pytest.mark.parametrize("name", keras_io.EXACT)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=[pytest.mark.slow] if name in keras_io.SLOW else [])
+        for name in keras_io.EXACT
+    ],
+)
 def test_an_example_equals_one_device_on_2_replicas(name):
     with configurations.computing_in("float64"):
         expected = keras_io.train(name, keras.Model, strategies.get("default"))
