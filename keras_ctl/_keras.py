@@ -41,6 +41,7 @@ __all__ = [
     "SymbolicBuildFromFirstReplica",
     "add_metric_update",
     "add_to_mean",
+    "all_layers",
     "build_from_spec",
     "compile_loss",
     "compile_loss_terms",
@@ -52,6 +53,7 @@ __all__ = [
     "gradients",
     "gradients_already_summed",
     "initial_epoch",
+    "install_sharded_reads",
     "keras_accumulators",
     "loss_tracker",
     "micro_batch_iterations",
@@ -991,7 +993,7 @@ def _install_sharded_updates():
     _patch_once(TFOptimizer, "_distributed_tf_update_step", replacement)
 
 
-def _install_sharded_reads():
+def install_sharded_reads():
     """A variable sharded across parameter servers reads as its whole value
     where Keras and TensorFlow read it: `np.asarray(variable)` (what
     `model.save()` and `get_weights()` use) and checkpoints.
@@ -1001,8 +1003,10 @@ def _install_sharded_reads():
     tensor with a device: a `ShardedVariable` has neither. Its `numpy()` and
     its conversion to a tensor join the shards, so a checkpoint holds the
     variable as one tensor, which restores under any strategy (`assign`
-    splits it again). Installed on import: other variables are read as
-    Keras reads them. Checked on Keras 3.12.0 and 3.15.1.
+    splits it again). Installed when a CTLModel is made under a
+    `ParameterServerStrategy` (where sharded variables come from); other
+    variables are read as Keras reads them. Checked on Keras 3.12.0 and
+    3.15.1.
     """
 
     def sharded(variable):
@@ -1026,6 +1030,3 @@ def _install_sharded_reads():
 
     _patch_once(_TFVariable, "__array__", array)
     _patch_once(_TFVariable, "_serialize_to_tensors", tensors)
-
-
-_install_sharded_reads()
