@@ -121,9 +121,9 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["launch"]:
         # The launcher's own flags and the worker command pass through as-is.
-        from keras_ctl import launch
+        import keras_ctl_launch
 
-        return launch.main(argv[1:])
+        return keras_ctl_launch.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     _validate(parser, args)

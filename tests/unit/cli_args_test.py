@@ -64,19 +64,27 @@ def test_an_interrupted_run_is_not_overwritten(capsys, tmp_path):
     assert (tmp_path / "backup" / "latest.weights.h5").read_bytes() == b"state"
 
 
-def test_help_answers_without_starting_tensorflow():
+@pytest.mark.parametrize(
+    "argv, shown",
+    [
+        (["--help"], ("train", "tune", "launch", "bench")),
+        (["launch", "--help"], ("--workers", "--ps", "--restarts")),
+        (["launch", "--workers", "x"], ("invalid int value: 'x'",)),
+    ],
+)
+def test_help_and_bad_flags_answer_without_starting_tensorflow(argv, shown):
     code = (
         "import sys, keras_ctl_cli\n"
         "try:\n"
-        "    keras_ctl_cli.main(['--help'])\n"
+        f"    keras_ctl_cli.main({argv!r})\n"
         "except SystemExit as exit:\n"
         "    print('exit', exit.code, 'tensorflow' in sys.modules)\n"
     )
     result = children.run([children.PYTHON, "-c", code], timeout=60)
-    assert "exit 0 False" in result.stdout
-    for command in ("train", "tune", "launch", "bench"):
-        assert command in result.stdout
-    assert result.stderr == ""
+    code = 2 if "x" in argv else 0
+    assert f"exit {code} False" in result.stdout, children.output(result)
+    for text in shown:
+        assert text in result.stdout + result.stderr
 
 
 def test_history_files_keep_the_epochs_of_a_killed_run(tmp_path):
