@@ -4,7 +4,6 @@ keras-ctl train classifier --strategy mirrored --replicas 2 --epochs 3
 keras-ctl train gan --epochs 30
 keras-ctl tune gan --trials 4
 keras-ctl launch --workers 2 -- keras-ctl train classifier --strategy multiworker
-keras-ctl bench
 
 This module stands beside the `keras_ctl` package, not in it: importing
 `keras_ctl` imports Keras and TensorFlow (it registers its classes with
@@ -53,59 +52,7 @@ def build_parser():
         help="run a command as N local workers: launch --workers N -- COMMAND",
         add_help=False,
     )
-
-    bench = commands.add_parser(
-        "bench", help="time CTLModel.fit against keras.Model.fit and hand loops"
-    )
-    add_bench_arguments(bench)
     return parser
-
-
-def add_bench_arguments(parser):
-    parser.add_argument(
-        "--models", type=_list_of(str, ("mlp", "cnn")), default=["mlp", "cnn"]
-    )
-    parser.add_argument(
-        "--replicas",
-        type=_list_of(int, (1, 2, 4, 8)),
-        default=[1, 2],
-        help="replica counts; at most one above 1 per run (one device set a process)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=_list_of(int, (2, 3, 4)),
-        default=[2],
-        help="worker processes for the collectives-per-step table",
-    )
-    parser.add_argument(
-        "--ps-workers",
-        type=_list_of(int, (1, 2, 3, 4)),
-        default=[1, 2],
-        help="workers of the parameter-server clusters timed (one server each)",
-    )
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=50, help="steps per epoch")
-    parser.add_argument(
-        "--out",
-        help="folder for benchmark.md and benchmark.png (default: a new one "
-        "under runs/)",
-    )
-
-
-def _list_of(kind, choices):
-    def parse(text):
-        try:
-            values = [kind(item) for item in text.split(",") if item]
-        except ValueError:
-            values = []
-        if not values or any(value not in choices for value in values):
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {', '.join(map(str, choices))}. "
-                f"Received: {text!r}"
-            )
-        return values
-
-    return parse
 
 
 def _add_common(parser):
@@ -127,10 +74,6 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     _validate(parser, args)
-    if args.command == "bench":
-        from keras_ctl.cli import bench
-
-        return bench.run(args)
     if args.command == "train":
         from keras_ctl.cli import train
 
@@ -141,22 +84,11 @@ def main(argv=None):
 
 
 def _validate(parser, args):
-    for flag in ("replicas", "epochs", "batch_size", "trials", "rounds", "steps"):
+    for flag in ("replicas", "epochs", "batch_size", "trials"):
         value = getattr(args, flag, 1)
         if isinstance(value, int) and value < 1:
             name = "--" + flag.replace("_", "-")
             parser.error(f"{name} must be >= 1. Received: {name} {value}")
-    if args.command == "bench":
-        several = [r for r in args.replicas if r > 1]
-        if len(several) > 1:
-            parser.error(
-                "--replicas takes at most one count above 1 per run: TensorFlow "
-                "collides two device sets in one process. Received: --replicas "
-                f"{','.join(map(str, args.replicas))}. Run once per count, e.g. "
-                f"--replicas 1,{several[0]} then --replicas {several[1]}."
-            )
-        args.out = _output_folder(parser, args.out or _new_run_dir(args))
-        return
     strategy = getattr(args, "strategy", "mirrored")
     if strategy == "multiworker" and not os.environ.get("TF_CONFIG"):
         parser.error(

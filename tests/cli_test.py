@@ -113,20 +113,25 @@ def test_tune_classifier_writes_the_best_trial(tmp_path):
 
 
 def test_bench_writes_tables_and_a_chart(tmp_path):
-    result = keras_ctl(
-        "bench",
-        "--models",
-        "mlp",
-        "--replicas",
-        "2",
-        "--rounds",
-        "1",
-        "--steps",
-        "3",
-        "--ps-workers",
-        "2",
-        "--out",
-        str(tmp_path),
+    bench = os.path.join(children.ROOT, "benchmarks", "bench.py")
+    result = children.run(
+        [
+            children.PYTHON,
+            bench,
+            "--models",
+            "mlp",
+            "--replicas",
+            "2",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--ps-workers",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "benchmark.md").read_text().splitlines()

@@ -1,10 +1,11 @@
 """Round trips per step: at most one collective more than the hand loops.
 
 Counted in the traced step graphs under 2 worker processes
-(`keras_ctl.cli.collectives`): deterministic, unlike a timing.
+(`benchmarks/collectives.py`): deterministic, unlike a timing.
 """
 
 import json
+import os
 
 import children
 import pytest
@@ -24,8 +25,7 @@ def counts(tmp_path_factory):
             240,
             "--",
             children.PYTHON,
-            "-m",
-            "keras_ctl.cli.collectives",
+            os.path.join(children.ROOT, "benchmarks", "collectives.py"),
             out,
         ],
         timeout=300,

@@ -175,7 +175,7 @@ class StepFunction:
     """The train or test function: `function(iterator) -> logs`.
 
     `graphs()` lists the graphs traced so far, for counting what a step does
-    (`keras_ctl.cli.bench` counts its collectives). `steps(count)` is the
+    (`benchmarks/bench.py` counts its collectives). `steps(count)` is the
     `tf.function` running `count` steps per call, which a
     `ClusterCoordinator` schedules on the workers.
     """

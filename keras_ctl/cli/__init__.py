@@ -1,3 +1,4 @@
-"""The `keras-ctl` commands: `train`, `tune` and `bench` (`launch` is
-`keras_ctl.launch`). Their arguments are parsed and checked by the
-`keras_ctl_cli` module, before TensorFlow starts."""
+"""The `keras-ctl` commands `train` and `tune`, whose arguments the
+`keras_ctl_cli` module parses and checks before TensorFlow starts (`launch`
+is `keras_ctl_launch`; the benchmark is `benchmarks/bench.py`, outside the
+package)."""

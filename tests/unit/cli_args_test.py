@@ -1,5 +1,6 @@
 """The `keras-ctl` command's arguments and run files, without training."""
 
+import importlib.util
 import json
 
 import children
@@ -23,11 +24,6 @@ def usage_error(capsys, *argv):
         (["train", "gan", "--replicas", "0"], "Received: --replicas 0"),
         (["train", "gan", "--epochs", "0"], "Received: --epochs 0"),
         (["tune", "gan", "--trials", "0"], "Received: --trials 0"),
-        (["bench", "--rounds", "0"], "Received: --rounds 0"),
-        (["bench", "--models", "rnn"], "Received: 'rnn'"),
-        (["bench", "--replicas", "2,4"], "Received: --replicas 2,4. Run once"),
-        (["bench", "--replicas", "3"], "Received: '3'"),
-        (["bench", "--ps-workers", "0"], "Received: '0'"),
         (["launch", "--workers", "2", "--ps", "-1", "--", "x"], "Received: --ps -1"),
         (["train", "gan", "--replicas", "2"], "Use --strategy mirrored"),
         (["train", "gan", "--strategy", "nccl"], "invalid choice: 'nccl'"),
@@ -67,7 +63,7 @@ def test_an_interrupted_run_is_not_overwritten(capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, shown",
     [
-        (["--help"], ("train", "tune", "launch", "bench")),
+        (["--help"], ("train", "tune", "launch")),
         (["launch", "--help"], ("--workers", "--ps", "--restarts")),
         (["launch", "--workers", "x"], ("invalid int value: 'x'",)),
     ],
@@ -85,6 +81,27 @@ def test_help_and_bad_flags_answer_without_starting_tensorflow(argv, shown):
     assert f"exit {code} False" in result.stdout, children.output(result)
     for text in shown:
         assert text in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rounds", "0"], "Received: --rounds 0"),
+        (["--models", "rnn"], "Received: 'rnn'"),
+        (["--replicas", "2,4"], "Received: --replicas 2,4. Run once"),
+        (["--replicas", "3"], "Received: '3'"),
+        (["--ps-workers", "0"], "Received: '0'"),
+    ],
+)
+def test_bad_benchmark_flags_get_clear_errors(capsys, argv, message):
+    path = f"{children.ROOT}/benchmarks/bench.py"
+    spec = importlib.util.spec_from_file_location("bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_history_files_keep_the_epochs_of_a_killed_run(tmp_path):

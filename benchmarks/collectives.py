@@ -5,7 +5,7 @@ number per step, not the arithmetic, sets the pace of a small model. Timing
 worker processes on a 2-core machine cannot tell 5 % apart; this count is
 deterministic. Run it as 2 or more workers (MultiWorkerMirroredStrategy):
 
-    keras-ctl launch --workers 2 -- python -m keras_ctl.cli.collectives OUT.json
+    keras-ctl launch --workers 2 -- python benchmarks/collectives.py OUT.json
 
 The chief writes `{candidate: collectives per step}` to OUT.json, for:
 `CTLModel.fit` (with and without an accuracy metric), `CTLModel.evaluate`
@@ -222,7 +222,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     from keras_ctl import strategies
 
-    parser = argparse.ArgumentParser(prog="python -m keras_ctl.cli.collectives")
+    parser = argparse.ArgumentParser(prog="python benchmarks/collectives.py")
     parser.add_argument("out")
     parser.add_argument("--timings", help="also time the candidates, into this file")
     parser.add_argument("--rounds", type=int, default=11)

@@ -2,7 +2,7 @@
 of a local cluster:
 
     keras-ctl launch --workers N --ps 1 -- \
-        python -m keras_ctl.cli.parameter_servers OUT.json [--rounds 5] [--steps 50]
+        python benchmarks/parameter_servers.py OUT.json [--rounds 5] [--steps 50]
 
 Trains the guide's MLP (global batch 64, Adam, accuracy metric) for a
 warm-up epoch that traces the step, then `--rounds` epochs of `--steps`
