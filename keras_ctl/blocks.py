@@ -12,10 +12,10 @@ import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._engine import update
-from keras_ctl._engine.replicas import all_reduce_sum
-from keras_ctl._engine.replicas import divide_by_global_counts
-from keras_ctl._engine.replicas import num_replicas
-from keras_ctl._engine.replicas import sum_across_replicas
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import divide_by_global_counts
+from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import sum_across_replicas
 
 __all__ = [
     "all_reduce_sum",

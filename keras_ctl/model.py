@@ -18,7 +18,7 @@ from keras_ctl._engine import parameter_servers
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
-from keras_ctl._engine.replicas import valued_as_global
+from keras_ctl._replicas import valued_as_global
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")

@@ -15,8 +15,8 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from keras_ctl import _keras
-from keras_ctl._engine.replicas import all_reduce_sum
-from keras_ctl._engine.replicas import num_replicas
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import num_replicas
 
 
 class ReplicaSum(NamedTuple):

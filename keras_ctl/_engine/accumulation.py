@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._engine import update
-from keras_ctl._engine.replicas import sum_across_replicas
+from keras_ctl._replicas import sum_across_replicas
 
 MODES = ("micro_batches", "examples")
 

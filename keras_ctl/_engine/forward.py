@@ -32,10 +32,10 @@ from keras_ctl import _keras
 from keras_ctl import blocks
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
-from keras_ctl._engine.replicas import all_reduce_sum
-from keras_ctl._engine.replicas import num_replicas
-from keras_ctl._engine.replicas import shares_as_they_are
-from keras_ctl._engine.replicas import sum_across_replicas
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import shares_as_they_are
+from keras_ctl._replicas import sum_across_replicas
 
 
 def forward_and_loss(

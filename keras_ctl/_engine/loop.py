@@ -33,7 +33,7 @@ from keras_ctl import _preemption
 from keras_ctl import outputs as outputs_module
 from keras_ctl import strategies
 from keras_ctl._engine import errors
-from keras_ctl._engine.iterators import opened
+from keras_ctl._keras.iterators import opened
 
 
 def make_step_function(model, step, plan, training=False):

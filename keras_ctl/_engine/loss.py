@@ -15,8 +15,8 @@ from keras import tree
 
 from keras_ctl import _checks
 from keras_ctl import _keras
-from keras_ctl._engine.replicas import all_reduce_sum
-from keras_ctl._engine.replicas import divide_by_global_counts
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import divide_by_global_counts
 
 
 class LossShares(NamedTuple):

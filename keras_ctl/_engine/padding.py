@@ -4,7 +4,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
-from keras_ctl._engine.replicas import num_replicas
+from keras_ctl._replicas import num_replicas
 
 
 def pad_empty_batch(data):

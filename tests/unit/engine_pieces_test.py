@@ -8,10 +8,10 @@ from packaging.specifiers import SpecifierSet
 
 import keras_ctl
 from keras_ctl import _compat
-from keras_ctl._engine.iterators import DeferredDataset
-from keras_ctl._engine.iterators import opened
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.resume import ResumePlan
+from keras_ctl._keras.iterators import DeferredDataset
+from keras_ctl._keras.iterators import opened
 from keras_ctl.outputs import all_reduce_logs
 
 

@@ -15,7 +15,7 @@ import keras_ctl
 from keras_ctl import _keras
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine.padding import pad_empty_batch
-from keras_ctl._engine.replicas import divide_by_global_counts
+from keras_ctl._replicas import divide_by_global_counts
 
 ATOL = 1e-6
 SPLITS = {"uneven": 5, "empty_replica": 7}  # examples on replica 0 of 7

@@ -1,0 +1,127 @@
+"""Layers inside a replica step: synchronized BatchNorm's moments without
+the placeholder example, and layers of a replica without examples."""
+
+import keras
+import tensorflow as tf
+from keras import tree
+from keras.src.backend.tensorflow import nn as _tf_nn
+
+from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.state import _patch_once
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import num_replicas
+
+
+def _install_exact_sync_moments():
+    """`BatchNormalization(synchronized=True)` counts only real examples,
+    in one collective.
+
+    Keras's `_compute_moments_sync` (TensorFlow backend) all-reduces each
+    replica's sum, sum of squares and count, in three collectives, counting
+    every row of the batch: a replica's placeholder example (see
+    `count_only_real_examples`) would enter the moments. Here the
+    placeholder is left out and the three sums travel in one all-reduce.
+    Checked on Keras 3.12.0 and 3.15.1.
+    """
+
+    def replacement(original):
+        def compute_moments_sync(x, axes, keepdims):
+            real = getattr(_in_step, "real_examples", None)
+            if (
+                not getattr(_in_step, "active", False)
+                or tf.distribute.get_replica_context() is None
+            ):
+                return original(x, axes, keepdims)
+            if real is not None and 0 in axes:
+                x = x[:real]
+            local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
+            local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
+            local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)
+            total, squares, count = tf.unstack(
+                all_reduce_sum(tf.stack([local_sum, local_squares, local_count]))
+            )
+            mean = tf.math.divide_no_nan(total, count)
+            variance = tf.maximum(
+                tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0
+            )
+            if not keepdims:
+                mean = tf.squeeze(mean, axes)
+                variance = tf.squeeze(variance, axes)
+            return mean, variance
+
+        return compute_moments_sync
+
+    _patch_once(_tf_nn, "_compute_moments_sync", replacement)
+
+
+def _install_layers_of_empty_batches():
+    """A layer called by a step of one's own on a replica without examples
+    computes on one placeholder example of zeros, whose row it drops from
+    its outputs: the caller gets the empty batch's outputs.
+
+    The last global batch can leave a replica without examples, and a step
+    of one's own gets that empty batch as it is. Many kernels fail on it or
+    give it a wrong shape: TensorFlow's oneDNN CPU convolutions (wrong
+    output channels, a failing gradient), `tf.pad(mode="REFLECT")`, Keras's
+    LSTM cell (an `ops.add` taken for a bias). Only the outermost layer
+    call pads (layers inside it see the placeholder); synchronized
+    BatchNorm leaves the placeholder out (`real_examples`), and losses,
+    metrics and gradients computed from the outputs see no example.
+    The default steps pad their data themselves and are left alone.
+    Patches `Layer.__call__` (checked on Keras 3.12.0 and 3.15.1).
+    """
+
+    def replacement(original):
+        def call(self, *args, **kwargs):
+            if (
+                not getattr(_in_step, "active", False)
+                or getattr(_in_step, "real_examples", None) is not None
+                or num_replicas() == 1
+            ):
+                return original(self, *args, **kwargs)
+            leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
+            if not leaves:
+                return original(self, *args, **kwargs)
+            rows = tf.shape(leaves[0])[0]
+            missing = tf.cast(tf.equal(rows, 0), tf.int32)
+            args, kwargs = tree.map_structure(
+                lambda t: _with_rows(t, missing) if _may_be_empty(t) else t,
+                (args, kwargs),
+            )
+            _in_step.real_examples = rows
+            try:
+                outputs = original(self, *args, **kwargs)
+            finally:
+                _in_step.real_examples = None
+            return tree.map_structure(lambda t: _without_rows(t, missing), outputs)
+
+        return call
+
+    _patch_once(keras.Layer, "__call__", replacement)
+
+
+def _may_be_empty(value):
+    """A tensor whose leading (batch) dimension may be 0: unknown in a
+    trace, 0 when run eagerly (a GAN's first step)."""
+    return tf.is_tensor(value) and value.shape.rank and value.shape[0] in (None, 0)
+
+
+def _with_rows(tensor, missing):
+    zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
+    return tf.concat([tensor, zeros], axis=0)
+
+
+def _without_rows(tensor, missing):
+    """`tensor` without the placeholder's row, when it has the batch's rows
+    (a traced batch dimension; run eagerly, the placeholder's one row)."""
+    if not (tf.is_tensor(tensor) and tensor.shape.rank):
+        return tensor
+    if tensor.shape[0] is not None and not (
+        tf.executing_eagerly() and int(missing) == 1 and tensor.shape[0] == 1
+    ):
+        return tensor
+    kept = tensor[: tf.shape(tensor)[0] - missing]
+    mask = getattr(tensor, "_keras_mask", None)
+    if mask is not None:
+        kept._keras_mask = mask[: tf.shape(mask)[0] - missing]
+    return kept

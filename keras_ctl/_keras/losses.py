@@ -1,0 +1,171 @@
+"""Keras `Loss` objects inside a replica step: each call's local sum and
+denominator, taken from Keras's own reduction, made global."""
+
+from typing import NamedTuple
+
+import tensorflow as tf
+from keras import ops
+from keras import tree
+from keras.src.losses import loss as _loss_module
+
+from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.state import _patch_once
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import valued_as_global
+
+
+class LossParts(NamedTuple):
+    """One `Loss` call on this replica's examples, as Keras reduces it.
+
+    Attributes:
+        total: The weighted sum Keras's reduction divides (differentiable).
+        count: Its denominator on this replica, or `None` when Keras does
+            not divide (`reduction="sum"`).
+        per_example: The denominator's share of one example when it is a
+            fixed number (no mask, not a weight sum), else `None`.
+    """
+
+    total: tf.Tensor
+    count: object
+    per_example: object
+
+
+_MEAN_REDUCTIONS = ("mean", "sum_over_batch_size", "mean_with_sample_weight")
+
+
+def loss_parts(loss, y_true, y_pred, sample_weight=None):
+    """Calls `loss(y_true, y_pred, sample_weight)` and returns its
+    `LossParts` on this replica, or `None` for `reduction=None`.
+
+    Keras's `Loss.__call__` casts, calls, combines masks with the sample
+    weights and divides (`losses.loss.reduce_weighted_values`); the exact
+    step needs the sum and the denominator apart, to divide by the global
+    denominator. Both come from Keras's own reduction, called with
+    `reduction="sum"`: the sum on the loss values, the denominator on ones
+    shaped like them (with the sample weights only where Keras divides by
+    their sum). Masks, `ignore_class`, sample weights and dtypes therefore
+    mean what they mean in Keras. A loss that returns one value for the
+    batch is taken as that value for each example of this replica.
+    """
+    _install_exact_reduction()
+    examples = tf.shape(tree.flatten(y_pred)[0])[0]
+    previous = getattr(_in_step, "capture", None)
+    _in_step.capture = {"examples": examples}
+    try:
+        loss(y_true, y_pred, sample_weight)
+        return _in_step.capture.get("parts")
+    finally:
+        _in_step.capture = previous
+
+
+def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples):
+    """`LossParts` of Keras's reduction of `values` (see `loss_parts`)."""
+    values = ops.convert_to_tensor(values, dtype=dtype)
+    if values.shape.rank == 0:
+        if reduction == "sum":
+            raise ValueError(
+                "The loss returned one value for the whole batch, with "
+                "reduction='sum': a sum over examples cannot be recovered "
+                "from it. Return one value per example, or use a mean "
+                'reduction such as "sum_over_batch_size".'
+            )
+        if sample_weight is not None and num_replicas() > 1:
+            raise ValueError(
+                "The loss returned one value for the whole batch, weighted by "
+                "sample or class weights: under several replicas that value "
+                "is each replica's own, and no per-example weighting of it "
+                "adds up to one device's. Return one value per example from "
+                "the loss's `call()` (Keras then weighs each example), or "
+                "train without `sample_weight`/`class_weight`."
+            )
+        values = tf.fill([examples], values)
+    total = original(values, sample_weight, mask, "sum", dtype)
+    if reduction == "sum":
+        return LossParts(total, None, None)
+    weights = sample_weight if reduction == "mean_with_sample_weight" else None
+    count = original(tf.ones_like(values), weights, mask, "sum", dtype)
+    per_example = None
+    if mask is None and weights is None:
+        per_example = values.shape[1:].num_elements()
+    return LossParts(total, count, per_example)
+
+
+def _zero_unless(condition, value):
+    if value is None:
+        return None
+    return tf.where(condition, value, tf.zeros_like(value))
+
+
+def _install_exact_reduction():
+    """Keras's loss reduction, exact across replicas inside our steps.
+
+    `Loss.__call__` ends with `losses.loss.reduce_weighted_values`, which
+    divides this replica's weighted sum by this replica's count and then by
+    the replica count (`scale_loss_for_distribution`): a mean of
+    per-replica means, which drifts when replicas hold different numbers of
+    examples (or masked entries), and a step written the keras.io way
+    (`loss = self.loss_fn(y, y_pred)`, `tracker.update_state(loss)`) logs
+    1/R of it. Replaced, in two cases:
+
+    - inside `loss_parts`, it records the sum and count of the outermost
+      call (a loss that calls other losses reduces those locally, as Keras
+      does on one replica);
+    - in a replica step under several replicas, it all-reduces the sum and
+      count together (one collective) and returns the global batch's loss,
+      differentiable as this replica's share (the sum over the global
+      count): the replicas' gradients sum to one device's.
+
+    Elsewhere, and for `reduction=None`, it is Keras's. Checked on Keras
+    3.12.0 and 3.15.1.
+    """
+
+    def replacement(original):
+        def reduce_weighted_values(
+            values,
+            sample_weight=None,
+            mask=None,
+            reduction="sum_over_batch_size",
+            dtype=None,
+        ):
+            reduction = _loss_module.standardize_reduction(reduction)
+            capture = getattr(_in_step, "capture", None)
+            exact = (
+                getattr(_in_step, "active", False)
+                and num_replicas() > 1
+                and tf.distribute.get_replica_context() is not None
+            )
+            if reduction not in (*_MEAN_REDUCTIONS, "sum") or not (
+                capture is not None or exact
+            ):
+                return original(values, sample_weight, mask, reduction, dtype)
+            examples = capture["examples"] if capture else None
+            if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
+                return original(values, sample_weight, mask, reduction, dtype)
+            parts = _parts_of(
+                original, values, sample_weight, mask, reduction, dtype, examples
+            )
+            if capture is not None:
+                # The outermost call reduces last: its parts are kept. A
+                # loss called inside it reduces as Keras does, locally.
+                capture["parts"] = parts
+                return original(values, sample_weight, mask, reduction, dtype)
+            real = getattr(_in_step, "real_examples", None)
+            if real is not None:
+                # A replica padded with a placeholder example (see
+                # `count_only_real_examples`) adds nothing, count included.
+                parts = parts._replace(
+                    total=_zero_unless(real > 0, parts.total),
+                    count=_zero_unless(real > 0, parts.count),
+                )
+            if parts.count is None:
+                return valued_as_global(parts.total)
+            total, count = tf.unstack(
+                all_reduce_sum(tf.stack([tf.stop_gradient(parts.total), parts.count]))
+            )
+            share = tf.math.divide_no_nan(parts.total, count)
+            return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
+
+        return reduce_weighted_values
+
+    _patch_once(_loss_module, "reduce_weighted_values", replacement)

@@ -1,0 +1,132 @@
+"""Building a model from its data's shapes, pickling, registration."""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras.src.models.functional import Functional
+from keras.src.saving import object_registration
+from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
+
+from keras_ctl._keras.iterators import DeferredDataset
+
+
+class SymbolicBuildFromFirstReplica:
+    """A `keras.Model` mixin: build from the data's shapes, reading nothing.
+
+    `fit()`, `evaluate()` and `predict()` call the TensorFlow trainer's
+    `_maybe_symbolic_build` before the first step. Keras builds from
+    `strategy.reduce("MEAN", first_batch)`, which fails for uneven
+    per-replica batches and under MultiWorkerMirroredStrategy
+    (keras-team/keras#20585). Shapes and dtypes are all
+    `Trainer._symbolic_build` needs (it makes `KerasTensor`s of them), so it
+    gets the element spec of the epoch iterator's dataset
+    (`EpochIterator.data_adapter.get_tf_dataset()`): no batch is read, so a
+    Python generator loses none (a read batch, and the iterator's prefetch,
+    would be lost) and no multi-device iterator is opened (about 0.2 s on
+    CPU). Data whose spec is unknown gives the first replica's part of its
+    first batch instead. There is no public hook before the first step.
+    """
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if self._distribute_strategy is None or not _callable_model(self):
+            # Keras builds when the step is traced (a model without `call`,
+            # like the keras.io guide's GAN, can only be built so).
+            return
+        strategy = self.distribute_strategy
+        epoch_iterator = iterator
+        if iterator is not None and data_batch is None:
+            data_batch = _batch_spec(iterator)
+            if data_batch is None:
+                iterator = _first_replica_batches(iterator, strategy)
+            else:
+                iterator = None
+        with strategy.scope():
+            try:
+                self._symbolic_build(iterator=iterator, data_batch=data_batch)
+            except StopIteration:
+                raise ValueError(
+                    "Expected the data to hold at least one batch: the model "
+                    "is built from the first one. Received: data without any "
+                    "batch (an empty array or dataset, or `steps` past its "
+                    "end). Pass data with examples, or build the model first."
+                ) from None
+        if epoch_iterator is not None:
+            _defer_iterators(epoch_iterator)
+
+
+def _callable_model(model):
+    """Whether `model` defines a forward pass (`call`, or a functional graph)."""
+    return isinstance(model, Functional) or type(model).call is not keras.Model.call
+
+
+def _batch_spec(epoch_iterator):
+    """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    try:
+        dataset = adapter.get_tf_dataset()
+    except Exception:  # an adapter without a tf.data form
+        return None
+    if not isinstance(dataset, tf.data.Dataset):
+        return None  # e.g. a dataset the user distributed already
+    return dataset.element_spec
+
+
+def _defer_iterators(epoch_iterator):
+    """Makes Keras's epoch iterator open each distributed iterator on first
+    use (`TFEpochIterator._distributed_dataset`, returned by its
+    `_get_iterator`, is what it calls `iter()` on, one epoch ahead).
+    """
+    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    if dataset is not None and not isinstance(dataset, DeferredDataset):
+        epoch_iterator._distributed_dataset = DeferredDataset(dataset)
+
+
+def _first_replica_batches(epoch_iterator, strategy):
+    """`epoch_iterator`'s steps, each batch cut to the first replica's part.
+
+    A generator: nothing is read until Keras asks for a batch.
+    """
+    for begin, end, batches in epoch_iterator:
+        yield begin, end, (strategy.experimental_local_results(b)[0] for b in batches)
+
+
+def build_from_spec(model, element_spec):
+    """Builds `model` (under its strategy) from the shapes of a batch, as
+    `fit()` does before its first step (`_maybe_symbolic_build`)."""
+    model._maybe_symbolic_build(data_batch=element_spec)
+
+
+@contextlib.contextmanager
+def without_strategy(model):
+    """Within it, `model.distribute_strategy` is the current (default) one:
+    the strategy the model was created under (`Trainer._distribute_strategy`)
+    is set aside."""
+    strategy = model._distribute_strategy
+    model._distribute_strategy = None
+    try:
+        yield
+    finally:
+        model._distribute_strategy = strategy
+
+
+def reduce_as_saved_model(model):
+    """`model.__reduce__()` for pickle, naming a loader pickle can import.
+
+    Keras pickles a model as a saved file plus `type(model)._unpickle_model`
+    (`KerasSaveable.__reduce__`), which pickle finds through the class's
+    module and name; a class made at run time has none that leads back to
+    it. The loader ignores its class (it loads the file), so `keras.Model`'s
+    is the same function under an importable name.
+    """
+    _, arguments = _KerasSaveable.__reduce__(model)
+    return keras.Model._unpickle_model, arguments
+
+
+def register_under_name(cls, name):
+    """Saves instances of `cls` under the registered `name` of another class.
+
+    `object_registration.GLOBAL_CUSTOM_NAMES`: `register_keras_serializable`
+    would also register `cls` as the object to load for `name`.
+    """
+    object_registration.GLOBAL_CUSTOM_NAMES[cls] = name

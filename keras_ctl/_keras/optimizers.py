@@ -1,0 +1,226 @@
+"""Optimizers inside a replica step: summed gradients applied as they are,
+the EMA after the replicas' step, gradient accumulation's counters."""
+
+import contextlib
+
+import keras
+import tensorflow as tf
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
+from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
+
+from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.state import _patch_once
+from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import sum_across_replicas
+
+_SUMMED_MARK = "_keras_ctl_gradients_summed"
+
+
+_EMA_DEFERRED = "_keras_ctl_ema_deferred"
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer):
+    """Within it, `optimizer` applies gradients as given, without summing them
+    across replicas first.
+
+    Keras sums each replica's gradients inside `optimizer.apply`, after
+    clipping them (`TFOptimizer._all_reduce_sum_gradients`, called from
+    `_backend_update_step`), and has no public switch to skip it (Keras 3
+    dropped `skip_gradients_aggregation`). The exact step sums them itself,
+    so that clipping and the loss-scale check see the sum, and so that the
+    global count rides along in the same collective. The mark is counted per
+    optimizer (a `LossScaleOptimizer`'s or `MultiOptimizer`'s inner
+    optimizers included), not per thread: Keras applies a loss-scaled update
+    from threads of its own.
+
+    Keras also updates the EMA of the model's variables inside `apply`, and
+    every `ema_overwrite_frequency` steps overwrites them with it, in a
+    `tf.cond` around a cross-replica update: that fails inside a replica
+    step's control flow (a `merge_call`), and one-copy variables
+    (`CentralStorageStrategy`) refuse an assignment in replica context.
+    Within it `apply` leaves the EMA out (`use_ema` reads `False` while any
+    replica applies); `EmaAfterStep` does it after the replicas' step.
+    """
+    _install_summed_gradients_switch()
+    family = _optimizer_family(optimizer)
+    for member in family:
+        applying = getattr(member, _SUMMED_MARK, 0)
+        if not applying and getattr(member, "use_ema", False):
+            setattr(member, _EMA_DEFERRED, True)
+            member.use_ema = False
+        setattr(member, _SUMMED_MARK, applying + 1)
+    # This thread's own record: replica threads share the optimizer, and
+    # one replica may enter its next `apply` while another is still inside
+    # this one (a GAN's discriminator steps).
+    outer = getattr(_in_step, "summed", frozenset())
+    _in_step.summed = outer | {id(member) for member in family}
+    try:
+        yield
+    finally:
+        _in_step.summed = outer
+        for member in family:
+            applying = getattr(member, _SUMMED_MARK) - 1
+            setattr(member, _SUMMED_MARK, applying)
+            if not applying and getattr(member, _EMA_DEFERRED, False):
+                member.use_ema = True
+
+
+class EmaAfterStep:
+    """The EMA updates that `apply` left out (see `gradients_already_summed`),
+    in cross-replica context after the replicas' step.
+
+    Create it before the step (it reads each optimizer's `iterations`), call
+    `update()` after. The arithmetic is Keras's (`BaseOptimizer.
+    _update_model_variables_moving_average`, which reads `iterations` before
+    `apply` counts the step: the first step copies the variables), and the
+    overwrite Keras's own (`TFOptimizer.
+    _overwrite_model_variables_with_average_value`, when `iterations` is a
+    multiple of `ema_overwrite_frequency`). Checked on Keras 3.12.0 and
+    3.15.1. A step that did not apply (a loss scale's overflow) changes
+    nothing.
+    """
+
+    def __init__(self, optimizers):
+        self.members = [
+            member
+            for optimizer in optimizers
+            for member in _optimizer_family(optimizer)
+            if getattr(member, "use_ema", False)
+        ]
+        self.before = [tf.identity(member.iterations) for member in self.members]
+
+    def update(self):
+        for member, before in zip(self.members, self.before):
+            if vars(member).pop(_EMA_DEFERRED, False):
+                applied = tf.not_equal(member.iterations, before)
+                tf.cond(applied, lambda m=member, b=before: _ema(m, b), _nothing)
+
+
+def _ema(optimizer, iterations_before):
+    variables = optimizer._trainable_variables
+    for variable, average in zip(variables, optimizer._model_variables_moving_average):
+        if average is None:
+            continue
+        momentum = tf.cast(tf.not_equal(iterations_before, 0), variable.dtype)
+        momentum = momentum * optimizer.ema_momentum
+        average.assign(momentum * average + (1 - momentum) * variable)
+    frequency = optimizer.ema_overwrite_frequency
+    if frequency:
+
+        def overwrite():
+            optimizer._overwrite_model_variables_with_average_value(variables)
+            return tf.constant(True)
+
+        due = tf.equal(optimizer.iterations % frequency, 0)
+        tf.cond(due, overwrite, _nothing)
+    return tf.constant(True)
+
+
+def _nothing():
+    return tf.constant(False)
+
+
+def _optimizer_family(optimizer):
+    family = [optimizer]
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    if inner is not None:
+        family += _optimizer_family(inner)
+    if type(optimizer).__name__ == "MultiOptimizer":  # Keras >= 3.15
+        for member in optimizer.optimizers:
+            family += _optimizer_family(member)
+    return family
+
+
+def _install_summed_gradients_switch():
+    """An optimizer marked by `gradients_already_summed` skips Keras's own
+    sum across replicas (`TFOptimizer._all_reduce_sum_gradients`)."""
+
+    def replacement(original):
+        def all_reduce_sum_gradients(self, grads_and_vars):
+            if getattr(self, _SUMMED_MARK, 0):
+                return list(grads_and_vars)
+            return original(self, grads_and_vars)
+
+        return all_reduce_sum_gradients
+
+    _patch_once(TFOptimizer, "_all_reduce_sum_gradients", replacement)
+
+
+def micro_batch_iterations(optimizer):
+    """The steps an optimizer with `gradient_accumulation_steps` has seen
+    (`BaseOptimizer._iterations`; its public `iterations` counts updates)."""
+    return optimizer._iterations
+
+
+def keras_accumulators(optimizer):
+    """Keras's accumulator of each variable (`BaseOptimizer.
+    _accumulated_gradients`, created by `build()` when the optimizer has
+    `gradient_accumulation_steps`)."""
+    return optimizer._accumulated_gradients
+
+
+def count_micro_batch(optimizer):
+    """Counts a step that only accumulated, as Keras's `apply` does."""
+    optimizer._iterations.assign_add(1)
+
+
+@contextlib.contextmanager
+def one_update_of_accumulated_steps(optimizer):
+    """Within it (cross-replica context, around the replicas' step),
+    `optimizer.apply` makes the update Keras's `apply` makes on every
+    `gradient_accumulation_steps`-th step, with the gradients given (the
+    accumulated mean), without Keras's `tf.cond` (`BaseOptimizer.
+    _backend_apply_gradients`, replaced on this instance by its branch
+    without accumulation: clipping, weight decay, `_backend_update_step`).
+    `iterations` still counts updates and `_iterations` steps, as Keras's
+    Adam and learning-rate schedules read them. Checked on Keras 3.12.0
+    and 3.15.1.
+    """
+
+    def apply_once(grads, trainable_variables):
+        grads = optimizer._clip_gradients(grads)
+        optimizer._apply_weight_decay(trainable_variables)
+        optimizer._backend_update_step(
+            grads, trainable_variables, optimizer.learning_rate
+        )
+
+    optimizer._backend_apply_gradients = apply_once
+    try:
+        yield
+    finally:
+        del optimizer._backend_apply_gradients
+
+
+def _install_summing_apply():
+    """`optimizer.apply(grads)` called by a step of one's own sums the
+    gradients across replicas first, then applies the sum as it is.
+
+    Keras clips each replica's part of the gradient in `apply`, before its
+    all-reduce (`BaseOptimizer.apply`, `LossScaleOptimizer.apply` and
+    `MultiOptimizer.apply`, each its own method), and a loss scale decides
+    on that part. Here the sum comes first (one collective, where Keras
+    made it), so clipping, the loss scale's check and the EMA see one
+    device's gradient, as in the default step. Checked on Keras 3.12.0 and 3.15.1.
+    """
+    classes = [_BaseOptimizer, keras.optimizers.LossScaleOptimizer]
+    if hasattr(keras.optimizers, "MultiOptimizer"):  # Keras >= 3.15
+        classes.append(keras.optimizers.MultiOptimizer)
+
+    def replacement(original):
+        def apply(self, grads, trainable_variables=None):
+            if (
+                not getattr(_in_step, "active", False)
+                or id(self) in getattr(_in_step, "summed", ())
+                or num_replicas() == 1
+                or tf.distribute.get_replica_context() is None
+            ):
+                return original(self, grads, trainable_variables)
+            summed, _ = sum_across_replicas(list(grads))
+            with gradients_already_summed(self):
+                return original(self, summed, trainable_variables)
+
+        return apply
+
+    for cls in classes:
+        _patch_once(cls, "apply", replacement)

@@ -1,0 +1,84 @@
+"""Every change of Keras behaviour, in one table, and the replica step that
+switches them on.
+
+Each replacement does what Keras does unless the thread runs a replica step
+of keras_ctl (`replica_step`) or an object keras_ctl marked asks otherwise;
+none is installed on import. Checked on Keras 3.12.0 and 3.15.1.
+"""
+
+import contextlib
+
+from keras_ctl._keras.layers import _install_exact_sync_moments
+from keras_ctl._keras.layers import _install_layers_of_empty_batches
+from keras_ctl._keras.losses import _install_exact_reduction
+from keras_ctl._keras.optimizers import _install_summed_gradients_switch
+from keras_ctl._keras.optimizers import _install_summing_apply
+from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.variables import _install_atomic_updates
+from keras_ctl._keras.variables import _install_sharded_updates
+from keras_ctl._keras.variables import install_sharded_reads
+
+# (installer, what it replaces, when it is installed)
+PATCHES = (
+    (
+        _install_exact_reduction,
+        "keras.src.losses.loss.reduce_weighted_values",
+        "every replica step; `loss_parts`",
+    ),
+    (
+        _install_exact_sync_moments,
+        "keras.src.backend.tensorflow.nn._compute_moments_sync",
+        "every replica step",
+    ),
+    (
+        _install_layers_of_empty_batches,
+        "keras.Layer.__call__",
+        "every replica step",
+    ),
+    (
+        _install_summing_apply,
+        "BaseOptimizer.apply, LossScaleOptimizer.apply, MultiOptimizer.apply",
+        "every replica step",
+    ),
+    (
+        _install_atomic_updates,
+        "backend.tensorflow.core.Variable.assign_add, assign_sub",
+        "every replica step",
+    ),
+    (
+        _install_sharded_updates,
+        "TFOptimizer._distributed_tf_update_step",
+        "every replica step",
+    ),
+    (
+        _install_summed_gradients_switch,
+        "TFOptimizer._all_reduce_sum_gradients",
+        "`gradients_already_summed`",
+    ),
+    (
+        install_sharded_reads,
+        "backend.tensorflow.core.Variable.__array__, _serialize_to_tensors",
+        "a CTLModel made under a ParameterServerStrategy",
+    ),
+)
+IN_EVERY_STEP = [
+    install for install, _, when in PATCHES if when == "every replica step"
+]
+
+
+@contextlib.contextmanager
+def replica_step():
+    """Within it (in this thread), Keras code called by a replica step is
+    exact across replicas: `Loss` objects, synchronized BatchNorm, layers of
+    a replica without examples, `optimizer.apply`, and variables that
+    workers share or parameter servers shard (`PATCHES`)."""
+    for install in IN_EVERY_STEP:
+        install()
+    previous = vars(_in_step).copy()
+    _in_step.active = True
+    _in_step.real_examples = None
+    try:
+        yield
+    finally:
+        vars(_in_step).clear()
+        vars(_in_step).update(previous)

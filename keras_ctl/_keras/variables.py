@@ -1,0 +1,160 @@
+"""Variables that workers share or that parameter servers shard:
+atomic updates, per-shard gradients and updates, whole reads."""
+
+import numpy as np
+import tensorflow as tf
+from keras.src.backend.tensorflow.core import Variable as _TFVariable
+from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.state import _patch_once
+
+
+def _install_atomic_updates():
+    """Under `ParameterServerStrategy`, `variable.assign_add(v)` and
+    `assign_sub(v)` in a step are one atomic update on the parameter server.
+
+    Keras implements them as `assign(self + v)` (`KerasVariable`): two
+    workers that read the same value both write their own sum, and one
+    update is lost (seen: 8 of 10 steps counted in `optimizer.iterations`,
+    metrics short of examples). TensorFlow's own `assign_add` is one op on
+    the variable's device. Checked on Keras 3.12.0 and 3.15.1.
+    """
+
+    def replacement(original, native):
+        def update(self, value):
+            if not getattr(_in_step, "active", False) or not isinstance(
+                tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy
+            ):
+                return original(self, value)
+            variable = self.value
+            return getattr(variable, native)(tf.cast(value, variable.dtype))
+
+        return update
+
+    for name in ("assign_add", "assign_sub"):
+        _patch_once(
+            _TFVariable, name, lambda original, n=name: replacement(original, n)
+        )
+
+
+def gradients(tape, target, variables):
+    """`tape.gradient(target, variables)`, for variables sharded across
+    parameter servers too.
+
+    A Keras variable gives the tape its TensorFlow variable's `handle`
+    (`backend.tensorflow.core.Variable.handle`); a variable that a
+    `variable_partitioner` split is a `ShardedVariable`, which has none. Its
+    gradient is taken with respect to each shard and put back together
+    (rows in shard order), so the optimizer updates the whole variable as
+    Keras would (`ShardedVariable.assign_sub` and `scatter_sub` split the
+    update again). Checked on Keras 3.12.0 and 3.15.1.
+    """
+    variables = list(variables)
+    sources, shards = [], []
+    for variable in variables:
+        parts = _shards_of(variable)
+        shards.append(parts)
+        sources.extend(parts if parts else [variable])
+    flat = iter(tape.gradient(target, sources))
+    result = []
+    for variable, parts in zip(variables, shards):
+        if not parts:
+            result.append(next(flat))
+            continue
+        result.append(_joined([next(flat) for _ in parts], parts, variable))
+    return result
+
+
+def _shards_of(variable):
+    value = getattr(variable, "_value", None)  # a Keras variable's own
+    if getattr(value, "is_sharded_variable", False):
+        return list(value.variables)
+    return []
+
+
+def _joined(parts, shards, variable):
+    """One gradient for a sharded variable from its shards' gradients."""
+    if all(g is None for g in parts):
+        return None
+    parts = [
+        tf.zeros_like(shard) if g is None else g for g, shard in zip(parts, shards)
+    ]
+    if not any(isinstance(g, tf.IndexedSlices) for g in parts):
+        return tf.concat(parts, axis=0)
+    values, indices, offset = [], [], 0
+    for g, shard in zip(parts, shards):
+        if isinstance(g, tf.IndexedSlices):
+            values.append(g.values)
+            indices.append(tf.cast(g.indices, tf.int64) + offset)
+        else:
+            values.append(g)
+            indices.append(tf.range(shard.shape[0], dtype=tf.int64) + offset)
+        offset += shard.shape[0]
+    shape = tf.constant([int(d) for d in variable.shape], tf.int64)
+    return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0), shape)
+
+
+def _install_sharded_updates():
+    """The optimizer updates a variable sharded across parameter servers.
+
+    `TFOptimizer._distributed_tf_update_step` wraps each update in
+    `strategy.extended.update(variable, ...)`, which places it next to the
+    variable and fails for a `ShardedVariable` ("doesn't support being used
+    as a reference"). Its update runs as is instead: the `ShardedVariable`
+    splits `assign_sub`/`scatter_sub` across its shards, each on its own
+    server. Checked on Keras 3.12.0 and 3.15.1.
+    """
+
+    def replacement(original):
+        def update_step(self, distribution, grads_and_vars, learning_rate):
+            plain = []
+            for grad, variable in grads_and_vars:
+                if getattr(variable, "is_sharded_variable", False):
+                    self.update_step(grad, variable, learning_rate)
+                else:
+                    plain.append((grad, variable))
+            return original(self, distribution, plain, learning_rate)
+
+        return update_step
+
+    _patch_once(TFOptimizer, "_distributed_tf_update_step", replacement)
+
+
+def install_sharded_reads():
+    """A variable sharded across parameter servers reads as its whole value
+    where Keras and TensorFlow read it: `np.asarray(variable)` (what
+    `model.save()` and `get_weights()` use) and checkpoints.
+
+    `KerasVariable.__array__` calls the TensorFlow variable's `__array__`,
+    and `_serialize_to_tensors` its own or else the variable itself, as a
+    tensor with a device: a `ShardedVariable` has neither. Its `numpy()` and
+    its conversion to a tensor join the shards, so a checkpoint holds the
+    variable as one tensor, which restores under any strategy (`assign`
+    splits it again). Installed when a CTLModel is made under a
+    `ParameterServerStrategy` (where sharded variables come from); other
+    variables are read as Keras reads them. Checked on Keras 3.12.0 and
+    3.15.1.
+    """
+
+    def sharded(variable):
+        return getattr(variable._value, "is_sharded_variable", False)
+
+    def array(original):
+        def __array__(self, dtype=None):
+            if sharded(self):
+                return np.asarray(self._value.numpy(), dtype=dtype)
+            return original(self, dtype)
+
+        return __array__
+
+    def tensors(original):
+        def _serialize_to_tensors(self):
+            if sharded(self):
+                return {"VARIABLE_VALUE": tf.convert_to_tensor(self._value)}
+            return original(self)
+
+        return _serialize_to_tensors
+
+    _patch_once(_TFVariable, "__array__", array)
+    _patch_once(_TFVariable, "_serialize_to_tensors", tensors)
