@@ -1,10 +1,10 @@
 """How `fit()`, `evaluate()` and `predict()` run a `CTLModel`'s steps.
 
 Private: the public surface is `keras_ctl.CTLModel` and the building blocks
-in `keras_ctl.blocks`, which are built on `replicas` here.
+in `keras_ctl.blocks`, which are built on `keras_ctl._replicas` (the replica
+count, the sum across replicas, and the one division every exact mean
+uses), below this package and the seam (`keras_ctl._keras`).
 
-- `replicas`: replica count, the sum across replicas, and the one division
-  every exact mean uses (local sums over all-reduced counts).
 - `loss`: the compiled loss as per-replica shares.
 - `forward`: the forward pass and loss of the default steps, eager or XLA,
   with the gradients and the global count in one all-reduce where it can.
@@ -14,7 +14,6 @@ in `keras_ctl.blocks`, which are built on `replicas` here.
 - `padding`: a placeholder example for replicas without examples.
 - `plan`: the decisions a step function is built with (XLA, steps per call).
 - `loop`: the train/test/predict functions and their cross-replica logs.
-- `iterators`: distributed iterators opened on first use.
 - `resume`: skipping the batches a killed run trained on.
 - `errors`: TensorFlow's run-time errors that bad data causes, explained.
 """
