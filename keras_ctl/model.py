@@ -9,6 +9,7 @@ from keras import tree
 
 from keras_ctl import _checks
 from keras_ctl import _keras
+from keras_ctl import _topology
 from keras_ctl import blocks
 from keras_ctl import strategies
 from keras_ctl._engine import accumulation
@@ -426,7 +427,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         if blocks.num_replicas() == 1:
             update()
-        elif _keras.one_copy_of_each_variable(self.distribute_strategy):
+        elif _topology.of(self.distribute_strategy).one_copy:
             # A padded replica updates with no example (a `tf.cond` cannot
             # hold the `merge_call` of these variables' updates).
             real = tf.cast(shares.local_batch_size, tf.int32)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_ctl import _keras
+from keras_ctl import _topology
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 
@@ -138,7 +138,7 @@ def all_reduce_logs(outputs, metrics=()):
 def _metric_results(outputs, metrics, batch):
     """`{name: finish(sums)}` for the untyped outputs named after metrics."""
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
-    central = _keras.one_copy_of_each_variable(tf.distribute.get_strategy())
+    central = _topology.of().one_copy
     finishers = {}
     for metric in metrics:
         if metric.name in wanted:

@@ -6,6 +6,7 @@ import os
 import tensorflow as tf
 
 from keras_ctl import _checks
+from keras_ctl import _topology
 
 
 def local_mirrored_strategy(replicas):
@@ -119,8 +120,7 @@ def parameter_server_strategy(variable_partitioner=None):
 def is_parameter_server(strategy=None):
     """Whether `strategy` is a `ParameterServerStrategy` (steps run on
     workers, scheduled by this process)."""
-    strategy = strategy or tf.distribute.get_strategy()
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+    return _topology.of(strategy).parameter_servers
 
 
 def is_chief(strategy=None):
@@ -141,18 +141,7 @@ def is_chief(strategy=None):
     model.save(path)
     ```
     """
-    strategy = strategy or tf.distribute.get_strategy()
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return True
-    resolver = strategy.cluster_resolver
-    cluster = resolver.cluster_spec().as_dict() if resolver else {}
-    if not cluster or resolver.task_type == "chief":
-        return True
-    return (
-        resolver.task_type == "worker"
-        and resolver.task_id == 0
-        and "chief" not in cluster
-    )
+    return _topology.of(strategy).chief
 
 
 def worker_count(strategy=None):
@@ -171,15 +160,7 @@ def worker_count(strategy=None):
         print("training across processes")
     ```
     """
-    strategy = strategy or tf.distribute.get_strategy()
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if (
-        not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        or not resolver
-    ):
-        return 1
-    cluster = resolver.cluster_spec().as_dict()
-    return max(1, len(cluster.get("worker", [])) + len(cluster.get("chief", [])))
+    return _topology.of(strategy).workers
 
 
 def task_index():

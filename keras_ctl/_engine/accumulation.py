@@ -24,6 +24,7 @@ examples, which its loss is divided by).
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl import _topology
 from keras_ctl._engine import update
 from keras_ctl._replicas import sum_across_replicas
 
@@ -58,7 +59,7 @@ def for_model(model, default_step):
         problem = f"a {type(optimizer).__name__}"
     elif optimizer.use_ema:
         problem = "`use_ema=True`"
-    elif _keras.one_copy_of_each_variable(strategy):
+    elif _topology.of(strategy).one_copy:
         problem = type(strategy).__name__
     elif not variables:
         problem = "no trainable weights yet (build the model before `fit()`)"

@@ -30,8 +30,8 @@ from keras import tree
 
 from keras_ctl import _keras
 from keras_ctl import _preemption
+from keras_ctl import _topology
 from keras_ctl import outputs as outputs_module
-from keras_ctl import strategies
 from keras_ctl._engine import errors
 from keras_ctl._keras.iterators import opened
 
@@ -47,7 +47,7 @@ def make_step_function(model, step, plan, training=False):
     strategy = model.distribute_strategy
     # Workers share a preemption notice through the logs' all-reduce.
     notice = None
-    if strategies.worker_count(strategy) > 1:
+    if _topology.of(strategy).workers > 1:
         notice = _preemption.notice_variable()
 
     def replica_step(data):

@@ -35,7 +35,6 @@ from keras_ctl._keras.access import compile_metrics
 from keras_ctl._keras.access import end_epoch_early
 from keras_ctl._keras.access import initial_epoch
 from keras_ctl._keras.access import loss_tracker
-from keras_ctl._keras.access import one_copy_of_each_variable
 from keras_ctl._keras.access import pack_like_compile_loss
 from keras_ctl._keras.access import per_output_loss_trackers
 from keras_ctl._keras.access import set_initial_epoch
@@ -87,7 +86,6 @@ __all__ = [
     "loss_parts",
     "loss_tracker",
     "micro_batch_iterations",
-    "one_copy_of_each_variable",
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",

@@ -96,12 +96,6 @@ def _add(variable, value):
     variable.value.assign_add(value)
 
 
-def one_copy_of_each_variable(strategy):
-    """Whether `strategy` keeps one copy of each variable, which replica
-    updates reach through `merge_call` (`CentralStorageStrategy`)."""
-    return isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
-
-
 def compile_metrics(model):
     """The `CompileMetrics` built by `compile(metrics=...)`, or `None`
     (`Trainer._compile_metrics`)."""
