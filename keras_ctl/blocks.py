@@ -7,11 +7,11 @@ across replicas, so the gradient of a share is this replica's exact share of
 the global gradient. `CTLModel`'s default step is built from these blocks.
 """
 
-import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._engine import update
+from keras_ctl._engine.loss import regularization_total
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import divide_by_global_counts
 from keras_ctl._replicas import num_replicas
@@ -106,17 +106,6 @@ def scaled_regularization_loss(losses):
     """
     # Gradients are summed across replicas, so each one adds 1/R of it.
     return regularization_total(losses) / num_replicas()
-
-
-def regularization_total(losses, dtype=None):
-    """The sum of `losses` as a scalar of `dtype` (zero when empty).
-
-    Defaults to `floatx()`, the dtype Keras's `compute_loss` sums them in.
-    """
-    dtype = dtype or keras.config.floatx()
-    if not losses:
-        return tf.zeros((), dtype)
-    return tf.add_n([tf.cast(tf.reduce_sum(loss), dtype) for loss in losses])
 
 
 def minimize(loss, variables, optimizer, tape):

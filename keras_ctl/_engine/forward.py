@@ -29,7 +29,6 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
-from keras_ctl import blocks
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._replicas import all_reduce_sum
@@ -95,7 +94,7 @@ def loss_times_examples(model, y, y_pred, sample_weight, batch_size):
     except loss_module.NeedsCountAllReduce:
         return None
     local_batch = tf.cast(batch_size, total.dtype)
-    regularization = blocks.regularization_total(model.losses, total.dtype)
+    regularization = loss_module.regularization_total(model.losses, total.dtype)
     return total + regularization * local_batch, per_output
 
 
@@ -215,7 +214,7 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
     # the layers, and the all-reduce below is a sync point.
     compile_loss = _keras.compile_loss(model)
     dtype = compile_loss.dtype if compile_loss is not None else None
-    regularization = blocks.regularization_total(model.losses, dtype)
+    regularization = loss_module.regularization_total(model.losses, dtype)
     if compile_loss is None:
         if not model.losses:
             raise ValueError(

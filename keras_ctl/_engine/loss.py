@@ -10,6 +10,7 @@ following Keras's own reduction semantics for each `Loss.reduction`.
 import copy
 from typing import NamedTuple
 
+import keras
 import tensorflow as tf
 from keras import tree
 
@@ -253,3 +254,14 @@ def _labels_for_outputs_with_a_loss(compile_loss, y_true):
     for value, index in zip(flat_y, with_loss):
         filled[index] = value
     return tree.pack_sequence_as(user_loss, filled)
+
+
+def regularization_total(losses, dtype=None):
+    """The sum of `losses` as a scalar of `dtype` (zero when empty).
+
+    Defaults to `floatx()`, the dtype Keras's `compute_loss` sums them in.
+    """
+    dtype = dtype or keras.config.floatx()
+    if not losses:
+        return tf.zeros((), dtype)
+    return tf.add_n([tf.cast(tf.reduce_sum(loss), dtype) for loss in losses])
