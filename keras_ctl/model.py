@@ -1,13 +1,12 @@
 """`CTLModel`: a `keras.Model` whose steps are exact under any strategy."""
 
-import importlib
-
 import keras
 import numpy as np
 import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _checks
+from keras_ctl import _conversion
 from keras_ctl import _keras
 from keras_ctl import _topology
 from keras_ctl import blocks
@@ -89,7 +88,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             and _keras.functional_init_arguments(args, kwargs)
             and not issubclass(cls, _keras.Functional)
         ):
-            cls = _functional_variant(cls)
+            cls = _conversion.functional_variant(cls)
         return super().__new__(cls)
 
     def __init__(self, *args, **kwargs):
@@ -103,7 +102,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if _keras.functional_init_arguments(args, kwargs) and not isinstance(
             self, _keras.Functional
         ):
-            self.__class__ = _functional_variant(type(self))
+            self.__class__ = _conversion.functional_variant(type(self))
         _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
@@ -147,9 +146,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 f"Received: model={model!r} of type {type(model).__name__}."
             )
         if type(model) is _keras.Functional:
-            model.__class__ = _functional_variant(cls)
+            model.__class__ = _conversion.functional_variant(cls)
         else:
-            model.__class__ = _converted_class(type(model), cls)
+            model.__class__ = _conversion.converted_class(type(model), cls)
         _read_sharded_variables_whole()
         # Steps traced for the old class would skip the exact ones.
         model.train_function = model.test_function = None
@@ -468,101 +467,3 @@ def _input_spec(x):
 # Legacy `.h5` files name a model's class only ("CTLModel"), not its
 # registered name: the bare name loads too, as `keras.Model` does.
 keras.saving.get_custom_objects().setdefault("CTLModel", CTLModel)
-
-
-@keras.saving.register_keras_serializable(package="keras_ctl")
-class Converted:
-    """Loads a model saved after `CTLModel.from_model` converted it.
-
-    A converted Sequential or subclassed model saves its own class's config
-    plus the registered names of that class and of the class it was
-    converted to; loading rebuilds the model with its own class, then
-    converts it again.
-    """
-
-    def get_config(self):  # registration asks for it; never instantiated
-        return {}
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        original = _class_named(config.pop(_ORIGINAL_CLASS))
-        target = _class_named(config.pop(_TARGET_CLASS))
-        if original is None or target is None:
-            raise ValueError(
-                "Cannot load a converted model: its class is not registered. "
-                "Register it with `@keras.saving.register_keras_serializable()` "
-                "(or pass it in `custom_objects`) before loading."
-            )
-        return target.from_model(original.from_config(config))
-
-
-def _class_named(name):
-    """A registered class, or a Keras class by its module path
-    (`keras.src.models.sequential.Sequential`)."""
-    found = keras.saving.get_registered_object(name)
-    if found is None and name.startswith("keras.") and "." in name:
-        module, _, class_name = name.rpartition(".")
-        found = getattr(importlib.import_module(module), class_name, None)
-    return found
-
-
-def _class_name(cls):
-    name = keras.saving.get_registered_name(cls)
-    if keras.saving.get_registered_object(name) is cls:
-        return name
-    return f"{cls.__module__}.{cls.__qualname__}"  # a Keras class
-
-
-_ORIGINAL_CLASS = "keras_ctl_original_class"
-_TARGET_CLASS = "keras_ctl_converted_to"
-
-
-def _converted_class(original, target):
-    """`original` with `target` mixed in, saved so that it loads converted."""
-    mixed = _mixed_class(original, target, named_after=original)
-
-    def get_config(self):
-        config = super(mixed, self).get_config()
-        config[_ORIGINAL_CLASS] = _class_name(original)
-        config[_TARGET_CLASS] = _class_name(target)
-        return config
-
-    if "get_config" not in vars(mixed):
-        mixed.get_config = get_config
-        _keras.register_under_name(mixed, keras.saving.get_registered_name(Converted))
-    return mixed
-
-
-def _functional_variant(cls):
-    """`cls` with `Functional` mixed in, saved and loaded as `cls`."""
-    return _mixed_class(cls, _keras.Functional, named_after=cls)
-
-
-_MIXED_CLASSES = {}
-
-
-def _mixed_class(first, second, named_after):
-    """A class with bases `(first, second)` that Keras saves as `named_after`.
-
-    Saved files name `named_after`, whose class rebuilds the model on load:
-    the mixed class is registered under its name. Pickled (what `copy`,
-    multiprocessing, Ray and joblib use), it is saved the same way and
-    loaded by a function pickle can find by name: the mixed class itself
-    has no importable name.
-    """
-    key = (first, second)
-    if key not in _MIXED_CLASSES:
-        mixed = type(
-            named_after.__name__,
-            (first, second),
-            {
-                "__module__": named_after.__module__,
-                "__qualname__": named_after.__qualname__,
-                "__reduce__": _keras.reduce_as_saved_model,
-            },
-        )
-        name = keras.saving.get_registered_name(named_after)
-        _keras.register_under_name(mixed, name)
-        _MIXED_CLASSES[key] = mixed
-    return _MIXED_CLASSES[key]
