@@ -15,9 +15,12 @@ imported only when one runs.
 
 import argparse
 import datetime
+import functools
 import os
 import pathlib
 import sys
+
+from keras_ctl_launch import DefaultsShown
 
 TASKS = ("classifier", "gan", "multihead")
 STRATEGIES = ("default", "onedevice", "mirrored", "multiworker")
@@ -28,24 +31,50 @@ def build_parser():
         prog="keras-ctl", description="Exact custom training loops for Keras."
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    subcommand = functools.partial(commands.add_parser, formatter_class=DefaultsShown)
 
-    train = commands.add_parser("train", help="train a model and write its files")
-    train.add_argument("task", choices=TASKS)
+    train = subcommand(
+        "train",
+        help="train a model and write its files",
+        description="Train a demo model and write its history, pictures and "
+        "model file to --out.",
+    )
+    train.add_argument(
+        "task",
+        choices=TASKS,
+        help="classifier: the tutorial's CNN; gan: a small DCGAN; multihead: "
+        "a trunk and a class head, then a parity head on the frozen trunk",
+    )
     _add_common(train)
-    train.add_argument("--strategy", choices=STRATEGIES, default="default")
-    train.add_argument("--batch-size", type=int, default=32, help="per replica")
-    train.add_argument("--mixed-precision", action="store_true")
+    train.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="default",
+        help="tf.distribute strategy (mirrored for several --replicas)",
+    )
+    train.add_argument(
+        "--batch-size", type=int, default=32, help="examples per replica and step"
+    )
+    train.add_argument(
+        "--mixed-precision",
+        action="store_true",
+        help="mixed_float16 on GPUs, mixed_bfloat16 on CPUs",
+    )
     train.add_argument(
         "--seed", type=int, default=0, help="seed of the initial weights and shuffling"
     )
     train.add_argument(
-        "--resume", action="store_true", help="continue the run in --out"
+        "--resume", action="store_true", help="continue the interrupted run in --out"
     )
 
-    tune = commands.add_parser("tune", help="search hyperparameters with keras-tuner")
-    tune.add_argument("task", choices=("classifier", "gan"))
+    tune = subcommand(
+        "tune",
+        help="search hyperparameters with keras-tuner",
+        description="Random search of the hyperparameters a custom step uses.",
+    )
+    tune.add_argument("task", choices=("classifier", "gan"), help="the model to tune")
     _add_common(tune)
-    tune.add_argument("--trials", type=int, default=4)
+    tune.add_argument("--trials", type=int, default=4, help="trials of the search")
 
     commands.add_parser(
         "launch",
@@ -56,10 +85,15 @@ def build_parser():
 
 
 def _add_common(parser):
-    parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument(
-        "--dataset", choices=("digits", "fashion_mnist", "mnist"), default="digits"
+        "--replicas", type=int, default=1, help="replicas (logical CPUs without GPUs)"
+    )
+    parser.add_argument("--epochs", type=int, default=3, help="epochs to train")
+    parser.add_argument(
+        "--dataset",
+        choices=("digits", "fashion_mnist", "mnist"),
+        default="digits",
+        help="digits ships with scikit-learn; the others download",
     )
     parser.add_argument("--out", help="output folder (default: a new one under runs/)")
 

@@ -57,6 +57,15 @@ SERVER_PIDS_ENV = "KERAS_CTL_SERVER_PIDS"
 SAVED_ON_NOTICE = 42  # keras_ctl.callbacks.SAVED_ON_NOTICE, without TensorFlow
 
 
+class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Every flag's help ends with its default, unless it names it itself."""
+
+    def _get_help_string(self, action):
+        if action.required or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def free_ports(count):
     """Returns `count` distinct free TCP ports on 127.0.0.1."""
     sockets = []
@@ -287,16 +296,16 @@ def _stop(processes, grace):
             time.sleep(0.1)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--serve"]:
-        serve()
-        return 0
+def build_parser():
+    """The launcher's flags."""
     parser = argparse.ArgumentParser(
         prog="keras-ctl launch",
         description="Run a script as N local workers (TF_CONFIG on 127.0.0.1).",
+        formatter_class=DefaultsShown,
     )
-    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument(
+        "--workers", type=int, required=True, help="worker processes to start"
+    )
     parser.add_argument(
         "--ps",
         type=int,
@@ -304,16 +313,42 @@ def main(argv=None):
         help="parameter servers: run the command as the chief of a "
         "parameter-server cluster of this many servers and --workers workers",
     )
-    parser.add_argument("--devices-per-worker", type=int, default=1)
-    parser.add_argument("--grace", type=float, default=10.0)
-    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument(
+        "--devices-per-worker",
+        type=int,
+        default=1,
+        help="logical CPU devices (replicas) of each worker",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds the other workers get to stop after one fails",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds before the whole job is stopped (default: no limit)",
+    )
     parser.add_argument(
         "--restarts",
         type=int,
         default=0,
         help="start the job again after its workers saved on notice, up to N times",
     )
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, help="-- then the command each worker runs"
+    )
+    return parser
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--serve"]:
+        serve()
+        return 0
+    parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:

@@ -133,3 +133,26 @@ def test_one_epoch_curves_have_markers_on_integer_ticks():
 def test_learning_curves_write_a_png(tmp_path):
     plots.learning_curves({"loss": [0.7, 0.5]}, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_flag_says_its_default():
+    import argparse
+
+    import keras_ctl_launch
+
+    commands = keras_ctl_cli.build_parser()._subparsers._group_actions[0].choices
+    parsers = {"launch": keras_ctl_launch.build_parser()}
+    parsers.update({name: commands[name] for name in ("train", "tune")})
+    for name, parser in parsers.items():
+        text = parser.format_help()
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if action.required or isinstance(action, argparse._HelpAction):
+                continue
+            flag = action.option_strings[-1]
+            assert action.help, f"{name} {flag} has no help"
+            assert "default" in parser.formatter_class(name)._get_help_string(action), (
+                f"{name} {flag}"
+            )
+        assert "(default:" in text
