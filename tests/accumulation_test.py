@@ -2,10 +2,10 @@
 learning-rate schedule and counts, with one gradient all-reduce per update;
 the `"examples"` variant equals one step on the union of the k batches."""
 
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 from ctl_model_test import assert_weights_equal
 from ctl_model_test import compile_classifier
@@ -23,7 +23,7 @@ def schedule():
 
 def train(where, model_class=keras_ctl.CTLModel, learning_rate=None, **compile_kwargs):
     x, y = small_data()
-    with strategies.get(where).scope():
+    with devices.get(where).scope():
         optimizer = keras.optimizers.SGD(
             learning_rate or schedule(), gradient_accumulation_steps=STEPS
         )
@@ -108,7 +108,7 @@ class OwnStep(keras_ctl.CTLModel):
 )
 def test_accumulation_where_it_cannot_run_says_what_to_do(where, model_class, problem):
     x, y = small_data()
-    with strategies.get(where).scope():
+    with devices.get(where).scope():
         inputs = keras.Input((4,))
         model = model_class(inputs, keras.layers.Dense(2)(inputs))
         model.compile(

@@ -2,10 +2,10 @@
 
 import signal
 
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -19,7 +19,7 @@ def data(n=53):
 
 def make_model(kind, seed=1):
     keras.utils.set_random_seed(seed)
-    with strategies.get(kind).scope():
+    with devices.get(kind).scope():
         inputs = keras.Input((5,))
         h = keras.layers.Dense(8, activation="relu")(inputs)
         model = keras_ctl.CTLModel(inputs, keras.layers.Dense(2)(h))
@@ -43,7 +43,7 @@ def test_tf_checkpoint_restores_across_strategies(source, target, tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path)) == path
 
     restored = make_model(target, seed=2)
-    with strategies.get(target).scope():
+    with devices.get(target).scope():
         restored.optimizer.build(restored.trainable_variables)
         status = tf.train.Checkpoint(
             model=restored, optimizer=restored.optimizer

@@ -1,7 +1,7 @@
 """The one way the tests run a child process.
 
 A child is a fresh interpreter (one device set per process: see
-`strategies.py`), started in its own process group, bounded in time, and
+`devices.py`), started in its own process group, bounded in time, and
 stopped with all its own children when it runs over or the test fails.
 """
 

@@ -365,9 +365,9 @@ def main(argv):
     import argparse
 
     sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    import strategies
+    import devices
 
-    strategies.configure_logical_cpus()
+    devices.configure_logical_cpus()
     parser = argparse.ArgumentParser()
     parser.add_argument("seed", nargs="?", type=int)
     parser.add_argument("--replicas", type=int, default=2)

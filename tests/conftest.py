@@ -1,4 +1,4 @@
-import strategies
+import devices
 
 # Logical CPU devices must exist before TensorFlow initializes its devices.
-strategies.configure_logical_cpus()
+devices.configure_logical_cpus()

@@ -3,10 +3,10 @@
 import warnings
 
 import cases
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -194,10 +194,10 @@ def fit_on(strategy, model_fn, x, y, metrics=("accuracy",), **fit_kwargs):
 def test_keras_io_train_step_is_exact_under_mirrored():
     x, y = small_data(101)
     ref, ref_history = fit_on(
-        strategies.get("default"), functional, x, y, batch_size=16, epochs=2
+        devices.get("default"), functional, x, y, batch_size=16, epochs=2
     )
     got, history = fit_on(
-        strategies.get("mirrored"),
+        devices.get("mirrored"),
         lambda: functional(KerasIoStep),
         x,
         y,
@@ -237,7 +237,7 @@ def test_building_blocks_step_is_exact_under_mirrored():
     x, y = small_data(101)
     runs = {
         kind: fit_on(
-            strategies.get(kind),
+            devices.get(kind),
             lambda: functional(BuildingBlocksStep),
             x,
             y,
@@ -263,7 +263,7 @@ def test_building_blocks_step_is_exact_under_mirrored():
 def test_predict_keeps_example_order(kind):
     x, _ = small_data(23)
     keras.utils.set_random_seed(0)
-    strategy = strategies.get(kind)
+    strategy = devices.get(kind)
     with strategy.scope():
         model = compile_classifier(functional())
     expected = keras.ops.convert_to_numpy(model(x))
@@ -275,7 +275,7 @@ def test_predict_keeps_example_order(kind):
 @pytest.mark.parametrize("kind", ["default", "mirrored"])
 def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
     x, y = small_data(101)
-    strategy = strategies.get(kind)
+    strategy = devices.get(kind)
     results = []
     for options in ({}, {"steps_per_execution": 4}, {"jit_compile": True}):
         keras.utils.set_random_seed(0)
@@ -307,7 +307,7 @@ def test_jit_compile_falls_back_for_weight_sum_losses():
     runs = []
     for jit_compile in (False, True):
         keras.utils.set_random_seed(0)
-        with strategies.get("mirrored").scope():
+        with devices.get("mirrored").scope():
             model = functional()
             model.compile(
                 optimizer=keras.optimizers.SGD(0.1),
@@ -350,7 +350,7 @@ def test_mixed_precision_scales_the_loss_under_mirrored():
     x, y = small_data(101)
     keras.config.set_dtype_policy("mixed_float16")
     try:
-        with strategies.get("mirrored").scope():
+        with devices.get("mirrored").scope():
             model = compile_classifier(functional())
         history = model.fit(x, y, batch_size=16, epochs=2, verbose=0).history
     finally:
@@ -373,7 +373,7 @@ def test_clipping_acts_on_the_summed_gradient(options):
     expected.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     unclipped = compile_classifier(functional(keras.Model), keras.optimizers.SGD(0.5))
     unclipped.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = compile_classifier(functional(), keras.optimizers.SGD(0.5, **options))
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert_weights_equal(model, expected)
@@ -395,7 +395,7 @@ def test_mixed_precision_skips_a_step_that_overflows_on_one_replica():
     keras.config.set_dtype_policy("mixed_float16")
     try:
         for where in ("default", "mirrored"):
-            with strategies.get(where).scope():
+            with devices.get(where).scope():
                 model = keras_ctl.CTLModel.from_model(
                     keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
                 )
@@ -460,7 +460,7 @@ def test_a_loss_returning_a_scalar_is_a_mean_over_examples(n):
     runs = {}
     for kind, model_class in (("default", keras.Model), ("mirrored", None)):
         keras.utils.set_random_seed(0)
-        with strategies.get(kind).scope():
+        with devices.get(kind).scope():
             model = functional(model_class or keras_ctl.CTLModel)
             model.compile(optimizer=keras.optimizers.SGD(0.1), loss=batch_mean_loss)
         history = model.fit(
@@ -560,7 +560,7 @@ def test_fit_opens_one_iterator_per_epoch_under_a_strategy():
             tf.TensorSpec((), tf.int32),
         ),
     ).batch(8)
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = compile_classifier(functional())
     model.fit(dataset, epochs=2, verbose=0)
     assert len(iterators) == 2  # unbuilt: no extra read
@@ -588,7 +588,7 @@ def test_the_readme_step_logs_its_last_batch_loss():
     x, y = small_data(37)  # the last batch: 5 examples
     runs = {}
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = functional(ReadmeStep)
             model.compile(optimizer=keras.optimizers.SGD(0.1))
         history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
@@ -604,7 +604,7 @@ def test_empty_data_under_a_strategy_does_what_one_device_does():
     x, y = np.zeros((0, 4), "float32"), np.zeros((0,), "int32")
     results = {}
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = compile_classifier(functional())
         dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         history = model.fit(dataset, epochs=2, verbose=0).history
@@ -618,7 +618,7 @@ def test_predict_on_empty_data_gives_no_rows(kind):
     if kind == "dataset":
         x = tf.data.Dataset.from_tensor_slices(x).batch(8)
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = functional()
         predictions = model.predict(x, verbose=0)
         assert predictions.shape == (0, 2) and predictions.dtype == np.float32
@@ -633,7 +633,7 @@ def test_text_labels_name_y_and_say_how_to_encode_them(kind):
     data = {"x": x, "y": y}
     if kind == "dataset":
         data = {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(8)}
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = compile_classifier(functional())
     with pytest.raises(
         ValueError,
@@ -651,7 +651,7 @@ def test_text_labels_name_y_and_say_how_to_encode_them(kind):
 def test_a_class_label_out_of_range_names_y_the_label_and_the_range(label):
     x, y = small_data(16)
     y[5] = label
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = compile_classifier(functional())
     with pytest.raises(
         ValueError,
@@ -675,7 +675,7 @@ def test_a_python_generator_under_a_strategy_loses_no_batch():
     x, y = small_data(101)
     runs = {}
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = compile_classifier(functional())
         counter = CountBatches()
         batches = ((x[i : i + 16], y[i : i + 16]) for i in range(0, 101, 16))
@@ -705,7 +705,7 @@ def test_a_py_dataset_under_a_strategy_equals_one_device(workers, processes):
     x, y = small_data(101)
     runs = {}
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = compile_classifier(functional())
         options = {"workers": workers, "use_multiprocessing": processes}
         data = Batches(x, y, **(options if where == "mirrored" else {}))
@@ -726,7 +726,7 @@ def test_a_dataset_of_unknown_cardinality_under_a_strategy_equals_one_device():
     assert dataset.cardinality() == tf.data.UNKNOWN_CARDINALITY
     runs = {}
     for where in ("default", "mirrored"):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             model = compile_classifier(functional())
         history = model.fit(dataset.batch(16), epochs=2, verbose=0).history
         runs[where] = history, model.evaluate(dataset.batch(16), verbose=0), model
@@ -748,7 +748,7 @@ def test_a_loss_for_some_outputs_takes_labels_for_those_only():
         ("default", keras.Model),
         ("mirrored", keras_ctl.CTLModel),
     ):
-        with strategies.get(where).scope():
+        with devices.get(where).scope():
             inputs = keras.Input((4,))
             outputs = [
                 keras.layers.Dense(

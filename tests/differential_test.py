@@ -16,8 +16,8 @@ import json
 
 import children
 import configurations
+import devices
 import pytest
-import strategies
 
 # The fast tier's fixed sample (about 30 s on 2 cores).
 FAST_SEEDS = range(3)
@@ -30,7 +30,7 @@ SWEEP_TIMEOUT_S = 1800
 def test_a_generated_configuration_equals_keras(seed):
     config = configurations.draw(seed)
     for name in ("default", "mirrored"):
-        passed, found = configurations.check(config, strategies.get(name))
+        passed, found = configurations.check(config, devices.get(name))
         assert passed, (
             f"{name}: {found}\n{configurations.describe(config)}\n"
             f"reproduce: python tests/configurations.py {seed}"

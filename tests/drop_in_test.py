@@ -7,10 +7,10 @@ import pickle
 import warnings
 
 import configurations
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 from children import PYTHON
 from children import output
 from children import run
@@ -187,9 +187,7 @@ def test_reported_configurations_equal_keras(case, strategy):
     # Keras 3.15's `ignore_class` fails in float64 (a float32 mask).
     floatx = "float32" if case == "ignore_class" else "float64"
     expected = configurations.run(config, keras.Model, floatx=floatx)
-    actual = configurations.run(
-        config, CTLModel, strategies.get(strategy), floatx=floatx
-    )
+    actual = configurations.run(config, CTLModel, devices.get(strategy), floatx=floatx)
     found = configurations.differences(expected, actual)
     # One device: Keras's own arithmetic; two replicas: round-off only.
     tolerance = 1e-12 if strategy == "default" else 1e-9
@@ -206,12 +204,12 @@ def test_a_weighted_scalar_loss_is_refused_under_replicas():
     )
     assert max(found.values()) <= 1e-12
     with pytest.raises(ValueError, match="one value for the whole batch, weighted"):
-        configurations.run(config, CTLModel, strategies.get("mirrored"))
+        configurations.run(config, CTLModel, devices.get("mirrored"))
 
 
 def test_predict_after_jit_compile_under_replicas():
     x = np.random.default_rng(0).random((17, 3)).astype("float32")
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = functional()
         model.compile(optimizer="sgd", loss="mse", jit_compile=True)
     predictions = model.predict(x, batch_size=8, verbose=0)

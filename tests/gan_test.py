@@ -1,10 +1,10 @@
 """GAN: two optimizers, exact losses, replayable randomness, save/load."""
 
 import cases
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -80,7 +80,7 @@ def test_mixed_precision_gives_each_optimizer_its_own_loss_scale(policy):
     keras.config.set_dtype_policy(policy)
     try:
         gan = compiled_gan(
-            strategies.get("mirrored"),
+            devices.get("mirrored"),
             # The discriminator's loss scale starts so high that float16
             # overflows: only its own scale may shrink.
             d_optimizer=(
@@ -160,8 +160,8 @@ def test_save_and_load_restores_models_optimizers_and_random_stream(tmp_path):
 
 
 def test_latent_stream_differs_across_replicas():
-    gan = compiled_gan(strategies.get("mirrored"))
-    strategy = strategies.get("mirrored")
+    gan = compiled_gan(devices.get("mirrored"))
+    strategy = devices.get("mirrored")
 
     @tf.function
     def sample():
@@ -225,6 +225,6 @@ def test_d_steps_must_be_positive():
     ],
 )
 def test_data_that_cannot_fit_the_models_names_the_argument(data, message):
-    gan = compiled_gan(strategies.get("mirrored"))
+    gan = compiled_gan(devices.get("mirrored"))
     with pytest.raises(ValueError, match=message):
         gan.fit(**data, batch_size=4, epochs=1, verbose=0)

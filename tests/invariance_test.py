@@ -11,10 +11,10 @@ import os
 
 import cases
 import children
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 
 pytestmark = pytest.mark.slow
 
@@ -53,9 +53,7 @@ def reference():
 
 @pytest.fixture(scope="session")
 def in_process_results():
-    return {
-        kind: cases.run_all(strategies.get(kind)) for kind in ("default", "onedevice")
-    }
+    return {kind: cases.run_all(devices.get(kind)) for kind in ("default", "onedevice")}
 
 
 def assert_same_run(got, expected):
@@ -112,12 +110,12 @@ def test_central_storage_matches_one_device_keras(case, reference):
     own metrics add a variable R times there: `assign(self + value)`; a
     step that updates metrics itself, like the keras.io guide's, keeps that
     error)."""
-    got = cases.run(case, strategy=strategies.get("centralstorage"))
+    got = cases.run(case, strategy=devices.get("centralstorage"))
     assert_same_run(got, reference[case])
 
 
 def test_central_storage_gan_matches_one_device(gan_reference):
-    got = cases.run_gan(strategies.get("centralstorage"))
+    got = cases.run_gan(devices.get("centralstorage"))
     assert_same_run(got, gan_reference["gan"])
     assert got["iterations"] == gan_reference["gan"]["iterations"]
 
@@ -184,7 +182,7 @@ def test_the_clipping_binds(case, reference):
 
 def test_plain_keras_drifts_on_uneven_batches(reference):
     """The gap CTLModel closes: Keras's mean of per-replica means."""
-    mirrored = strategies.get("mirrored")
+    mirrored = devices.get("mirrored")
     got = cases.run("uneven", model_class=keras.Model, strategy=mirrored)
     drift = max(
         float(np.max(np.abs(np.array(g) - np.array(e))))

@@ -7,10 +7,10 @@ Usage: python keras_io_child.py N OUTPUT_JSON
 import json
 import sys
 
-import strategies
+import devices
 
 replicas, output_path = int(sys.argv[1]), sys.argv[2]
-strategies.configure_logical_cpus(replicas)
+devices.configure_logical_cpus(replicas)
 
 import keras_io  # noqa: E402
 import tensorflow as tf  # noqa: E402

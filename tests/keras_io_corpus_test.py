@@ -13,11 +13,11 @@ import json
 
 import children
 import configurations
+import devices
 import keras
 import keras_io
 import numpy as np
 import pytest
-import strategies
 
 import keras_ctl
 
@@ -33,8 +33,8 @@ STEPS = keras_io.EPOCHS * -(-keras_io.SIZE // keras_io.BATCH)
 )
 def test_an_example_equals_one_device_on_2_replicas(name):
     with configurations.computing_in("float64"):
-        expected = keras_io.train(name, keras.Model, strategies.get("default"))
-        got = keras_io.train(name, keras_ctl.CTLModel, strategies.get("mirrored"))
+        expected = keras_io.train(name, keras.Model, devices.get("default"))
+        got = keras_io.train(name, keras_ctl.CTLModel, devices.get("mirrored"))
     assert keras_io.largest_difference(expected, got) <= keras_io.TOLERANCE["float64"]
     assert got["iterations"] == expected["iterations"]
 
@@ -56,7 +56,7 @@ def test_the_examples_equal_one_device_on_3_replicas(tmp_path):
 def test_an_example_runs_as_written_on_2_replicas(name):
     keras.utils.set_random_seed(1)
     got = keras_io.train(
-        name, keras_ctl.CTLModel, strategies.get("mirrored"), parity=False
+        name, keras_ctl.CTLModel, devices.get("mirrored"), parity=False
     )
     # 17 examples in batches of 8: 3 steps an epoch, every optimizer the
     # step uses applied once a step (a GAN's `super().compile()` adds a

@@ -9,9 +9,9 @@ with one device its random draws come from the data (latent vectors) and
 its label noise is off; otherwise the code is the guide's.
 """
 
+import devices
 import keras
 import numpy as np
-import strategies
 import tensorflow as tf
 from keras import layers
 
@@ -86,7 +86,7 @@ def guide_gan(base):
 
 def train(where, base):
     init = keras.initializers.GlorotUniform
-    with strategies.get(where).scope():
+    with devices.get(where).scope():
         discriminator = keras.Sequential(
             [
                 keras.Input((8, 8, 1)),

@@ -12,9 +12,9 @@ replicas its update is R times one device's, as in stock Keras, and a
 replica without examples would average nothing (NaN).
 """
 
+import devices
 import keras
 import numpy as np
-import strategies
 import tensorflow as tf
 from keras import layers
 
@@ -130,7 +130,7 @@ def generator_loss(fake_img):
 
 
 def test_the_wgan_gp_trains_under_a_strategy():
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         discriminator = keras.Sequential(
             [keras.Input((4, 4, 1)), layers.Flatten(), layers.Dense(1)]
         )

@@ -9,10 +9,10 @@ replica count runs here, in a fresh interpreter.
 import json
 import sys
 
-import strategies
+import devices
 
 replicas, output_path = int(sys.argv[1]), sys.argv[2]
-strategies.configure_logical_cpus(replicas)
+devices.configure_logical_cpus(replicas)
 
 import cases  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -6,11 +6,11 @@ import os
 
 import cases
 import children
+import devices
 import keras
 import keras_tuner
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -126,7 +126,7 @@ def test_tuners_search_a_ctlmodel_under_mirrored(name, tmp_path):
     tuner = TUNERS[name](
         hypermodel=Classifier(),
         objective="val_accuracy",
-        distribution_strategy=strategies.get("mirrored"),
+        distribution_strategy=devices.get("mirrored"),
         directory=str(tmp_path),
         project_name=name,
         seed=1,
@@ -159,7 +159,7 @@ def test_gan_objective_g_loss_is_minimised(tmp_path):
         GANHyperModel(batch_sizes_per_replica=8),
         objective=keras_ctl.tuning.objective("g_loss"),
         max_trials=3,
-        distribution_strategy=strategies.get("mirrored"),
+        distribution_strategy=devices.get("mirrored"),
         directory=str(tmp_path),
         seed=2,
     )
@@ -180,7 +180,7 @@ def test_batch_size_is_per_replica_and_step_sees_hyperparameters(tmp_path):
         Classifier(RegularizedStep, batch_sizes_per_replica=[8, 16]),
         objective=keras_ctl.tuning.objective("accuracy"),
         max_trials=3,
-        distribution_strategy=strategies.get("mirrored"),
+        distribution_strategy=devices.get("mirrored"),
         directory=str(tmp_path),
         seed=3,
     )
@@ -201,7 +201,7 @@ def test_many_trials_in_one_process_stay_bounded(tmp_path):
         Classifier(),
         objective="val_accuracy",
         max_trials=5,
-        distribution_strategy=strategies.get("mirrored"),
+        distribution_strategy=devices.get("mirrored"),
         directory=str(tmp_path),
         seed=4,
     )

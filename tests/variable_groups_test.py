@@ -1,9 +1,9 @@
 """Variable groups: `keras.optimizers.MultiOptimizer` in CTLModel steps."""
 
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -80,7 +80,7 @@ def test_multi_optimizer_equals_two_separate_optimizers(kind):
     reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
 
     keras.utils.set_random_seed(0)
-    with strategies.get(kind).scope():
+    with devices.get(kind).scope():
         model = trunk_and_head(keras_ctl.CTLModel)
         model.compile(
             optimizer=multi_optimizer(),

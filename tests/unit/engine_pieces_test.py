@@ -1,8 +1,8 @@
 """Step outputs, the step plan, the resume plan and the version check."""
 
+import devices
 import keras
 import pytest
-import strategies
 import tensorflow as tf
 from packaging.specifiers import SpecifierSet
 
@@ -16,7 +16,7 @@ from keras_ctl.outputs import all_reduce_logs
 
 
 def reduced(outputs_fn, metrics=()):
-    strategy = strategies.get("mirrored")
+    strategy = devices.get("mirrored")
 
     @tf.function
     def run():
@@ -72,7 +72,7 @@ def test_example_mean_of_no_examples_is_zero():
 
 
 def test_untyped_values_named_like_metrics_are_read_exactly():
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         accuracy = keras.metrics.Mean(name="accuracy")
 
     def step():
@@ -189,7 +189,7 @@ def test_positive_int_arguments_name_the_value(value):
 def test_a_deferred_iterator_opens_on_first_read():
     """Keras opens the next epoch's distributed iterator in advance (about
     0.5 s at 8 replicas); deferred, it opens only when a step reads it."""
-    strategy = strategies.get("mirrored")
+    strategy = devices.get("mirrored")
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.range(8).batch(4)
     )

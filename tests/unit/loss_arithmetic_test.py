@@ -5,10 +5,10 @@ with an empty replica, and checks that the shares add up to what Keras
 computes for the whole batch on one device.
 """
 
+import devices
 import keras
 import numpy as np
 import pytest
-import strategies
 import tensorflow as tf
 
 import keras_ctl
@@ -31,7 +31,7 @@ def batch(n=7, seed=0):
 
 def on_replicas(fn, *arrays, split):
     """Sums `fn(*replica_parts, batch_size)` over the 2 replicas."""
-    strategy = strategies.get("mirrored")
+    strategy = devices.get("mirrored")
     parts = [[a[:split] for a in arrays], [a[split:] for a in arrays]]
     values = strategy.experimental_distribute_values_from_function(
         lambda context: tuple(
@@ -52,7 +52,7 @@ def on_replicas(fn, *arrays, split):
 
 def compiled(loss):
     inputs = keras.Input((3,))
-    with strategies.get("mirrored").scope():
+    with devices.get("mirrored").scope():
         model = keras_ctl.CTLModel(inputs, keras.layers.Identity()(inputs))
         model.compile(optimizer="sgd", loss=loss)
     return _keras.compile_loss(model)

@@ -1,13 +1,13 @@
 """One topology per strategy, decided in one place."""
 
-import strategies
+import devices
 
 from keras_ctl import _topology
 
 
 def test_each_local_strategy_has_its_topology():
     found = {
-        kind: _topology.of(strategies.get(kind))
+        kind: _topology.of(devices.get(kind))
         for kind in ("default", "onedevice", "mirrored", "centralstorage")
     }
     assert {kind: t.replicas for kind, t in found.items()} == {
