@@ -229,7 +229,10 @@ def make_predict_function(model):
     strategy = model.distribute_strategy
 
     def replica_predict(data):
-        return model.predict_step(_optionals_to_none(data))
+        # A replica without examples predicts no rows (layers that fail on
+        # an empty batch run on a placeholder: `_keras.replica_step`).
+        with _keras.replica_step():
+            return model.predict_step(_optionals_to_none(data))
 
     # XLA cannot place a per-replica prediction whose variables live on
     # several devices (a replica's compiled function reads another's copy),

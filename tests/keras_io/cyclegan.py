@@ -6,7 +6,9 @@ logs.
 Changed: sizes (8x8 images; generators with one downsampling, one
 residual and one upsampling block, discriminators with two downsampling
 blocks); `tfa.layers.InstanceNormalization` is `GroupNormalization(groups=-1)`,
-as in the example's Keras 3 version. The step has no random draws.
+as in the example's Keras 3 version; its module-level `MeanSquaredError`
+is made per run (a Keras `Loss` keeps the dtype it was made in). The step
+has no random draws.
 """
 
 import keras
@@ -348,25 +350,27 @@ def model_class(base):
     return CycleGan
 
 
-# Loss function for evaluating adversarial loss
-adv_loss_fn = keras.losses.MeanSquaredError()
+def loss_functions():  # changed: made per run, in the run's dtype
+    # Loss function for evaluating adversarial loss
+    adv_loss_fn = keras.losses.MeanSquaredError()
 
+    # Define the loss function for the generators
+    def generator_loss_fn(fake):
+        fake_loss = adv_loss_fn(tf.ones_like(fake), fake)
+        return fake_loss
 
-# Define the loss function for the generators
-def generator_loss_fn(fake):
-    fake_loss = adv_loss_fn(tf.ones_like(fake), fake)
-    return fake_loss
+    # Define the loss function for the discriminators
+    def discriminator_loss_fn(real, fake):
+        real_loss = adv_loss_fn(tf.ones_like(real), real)
+        fake_loss = adv_loss_fn(tf.zeros_like(fake), fake)
+        return (real_loss + fake_loss) * 0.5
 
-
-# Define the loss function for the discriminators
-def discriminator_loss_fn(real, fake):
-    real_loss = adv_loss_fn(tf.ones_like(real), real)
-    fake_loss = adv_loss_fn(tf.zeros_like(fake), fake)
-    return (real_loss + fake_loss) * 0.5
+    return generator_loss_fn, discriminator_loss_fn
 
 
 def train(base, strategy, parity=True):
     keras.utils.set_random_seed(0)
+    generator_loss_fn, discriminator_loss_fn = loss_functions()
     with strategy.scope():
         gen_G = get_resnet_generator(name="generator_G")
         gen_F = get_resnet_generator(name="generator_F")
