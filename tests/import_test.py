@@ -1,7 +1,8 @@
 """Importing keras_ctl changes nothing of Keras: every function and class
 attribute of every Keras module loaded before is the same object after
 `import keras_ctl`, and a plain `keras.Model` trains bit for bit as without
-it. Keras's behaviour changes only inside CTLModel's own steps."""
+it. Keras's behaviour changes only inside keras_ctl's replica steps, which
+install every patch of `steps.PATCHES` they need."""
 
 import json
 
@@ -20,22 +21,37 @@ def snapshot():
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "keras" or name.startswith("keras.")):
             continue
+        seen[name] = id(module)
         for attr, value in list(vars(module).items()):
             if callable(value):
                 seen[f"{name}.{attr}"] = id(value)
             if isinstance(value, type) and value.__module__ == name:
+                seen[f"{name}.{attr}"] = id(value)
                 for key, member in list(vars(value).items()):
                     seen[f"{name}.{attr}.{key}"] = id(member)
     return seen
 
 
+def changed(before, after):
+    # Keys changed, or added to a module or class that existed before.
+    return sorted(
+        key
+        for key, value in after.items()
+        if before.get(key) != value and key.rsplit(".", 1)[0] in before
+    )
+
+
 before = snapshot()
 import keras_ctl  # noqa: E402,F401
 
-after = snapshot()
-print(json.dumps({"checked": len(before), "changed": [
-    key for key, value in before.items() if after.get(key) != value
-]}))
+imported = snapshot()
+with keras_ctl._keras.replica_step():
+    in_step = snapshot()
+print(json.dumps({
+    "checked": len(before),
+    "changed": changed(before, imported),
+    "in_step": changed(imported, in_step),
+}))
 """
 
 TRAIN = """
@@ -72,6 +88,17 @@ def test_importing_keras_ctl_replaces_nothing_in_keras():
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["checked"] > 10000
     assert found["changed"] == []
+    # A replica step installs each of its patches (`steps.PATCHES`), once.
+    assert set(found["in_step"]) >= {
+        "keras.src.losses.loss.reduce_weighted_values",
+        "keras.src.backend.tensorflow.nn._compute_moments_sync",
+        "keras.src.layers.layer.Layer.__call__",
+        "keras.src.optimizers.base_optimizer.BaseOptimizer.apply",
+        "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer.apply",
+        "keras.src.backend.tensorflow.core.Variable.assign_add",
+        "keras.src.backend.tensorflow.core.Variable.assign_sub",
+        "keras.src.backend.tensorflow.optimizer.TFOptimizer._distributed_tf_update_step",
+    }
 
 
 def test_a_plain_keras_model_trains_bit_for_bit_with_keras_ctl_imported(tmp_path):

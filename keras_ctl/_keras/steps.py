@@ -61,9 +61,7 @@ PATCHES = (
         "a CTLModel made under a ParameterServerStrategy",
     ),
 )
-IN_EVERY_STEP = [
-    install for install, _, when in PATCHES if when == "every replica step"
-]
+IN_EVERY_STEP = [install for install, _, when in PATCHES if when.startswith("every")]
 
 
 @contextlib.contextmanager
