@@ -84,16 +84,21 @@ def _install_layers_of_empty_batches():
                 return original(self, *args, **kwargs)
             rows = tf.shape(leaves[0])[0]
             missing = tf.cast(tf.equal(rows, 0), tf.int32)
+            padded = {id(t): _with_rows(t, missing) for t in leaves}
             args, kwargs = tree.map_structure(
-                lambda t: _with_rows(t, missing) if _may_be_empty(t) else t,
-                (args, kwargs),
+                lambda t: padded.get(id(t), t), (args, kwargs)
             )
+            # The padded batch's static size: `None`, or 1 where TensorFlow
+            # knows the batch was empty (run eagerly, or a static 0).
+            size = padded[id(leaves[0])].shape[0]
             _in_step.real_examples = rows
             try:
                 outputs = original(self, *args, **kwargs)
             finally:
                 _in_step.real_examples = None
-            return tree.map_structure(lambda t: _without_rows(t, missing), outputs)
+            return tree.map_structure(
+                lambda t: _without_rows(t, missing, size), outputs
+            )
 
         return call
 
@@ -111,14 +116,12 @@ def _with_rows(tensor, missing):
     return tf.concat([tensor, zeros], axis=0)
 
 
-def _without_rows(tensor, missing):
-    """`tensor` without the placeholder's row, when it has the batch's rows
-    (a traced batch dimension; run eagerly, the placeholder's one row)."""
+def _without_rows(tensor, missing, size):
+    """`tensor` without the placeholder's row, when its leading dimension is
+    the padded batch's (`size`: its static size, or `None`)."""
     if not (tf.is_tensor(tensor) and tensor.shape.rank):
         return tensor
-    if tensor.shape[0] is not None and not (
-        tf.executing_eagerly() and int(missing) == 1 and tensor.shape[0] == 1
-    ):
+    if tensor.shape[0] is not None and tensor.shape[0] != size:
         return tensor
     kept = tensor[: tf.shape(tensor)[0] - missing]
     mask = getattr(tensor, "_keras_mask", None)
