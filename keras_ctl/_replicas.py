@@ -144,6 +144,13 @@ def sum_across_replicas(gradients, counts=()):
     return [None if g is None else next(summed) for g in gradients], summed_counts
 
 
+def with_placeholder_rows(tensor, missing):
+    """`tensor` with `missing` (0 or 1) placeholder rows of zeros appended:
+    what a replica without examples computes on."""
+    zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
+    return tf.concat([tensor, zeros], axis=0)
+
+
 def _dense_dtype(gradients):
     for g in gradients:
         if not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating:

@@ -5,6 +5,7 @@ from keras import tree
 
 from keras_ctl import _keras
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import with_placeholder_rows
 
 
 def pad_empty_batch(data):
@@ -26,9 +27,6 @@ def pad_empty_batch(data):
     _keras.count_only_real_examples(batch_size)
 
     def pad(t):
-        if t is None:
-            return None
-        zeros = tf.zeros(tf.concat([[missing], tf.shape(t)[1:]], 0), t.dtype)
-        return tf.concat([t, zeros], axis=0)
+        return None if t is None else with_placeholder_rows(t, missing)
 
     return tree.map_structure(pad, data), batch_size

@@ -10,6 +10,7 @@ from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.state import _patch_once
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import with_placeholder_rows
 
 
 def _install_exact_sync_moments():
@@ -84,7 +85,7 @@ def _install_layers_of_empty_batches():
                 return original(self, *args, **kwargs)
             rows = tf.shape(leaves[0])[0]
             missing = tf.cast(tf.equal(rows, 0), tf.int32)
-            padded = {id(t): _with_rows(t, missing) for t in leaves}
+            padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
             args, kwargs = tree.map_structure(
                 lambda t: padded.get(id(t), t), (args, kwargs)
             )
@@ -109,11 +110,6 @@ def _may_be_empty(value):
     """A tensor whose leading (batch) dimension may be 0: unknown in a
     trace, 0 when run eagerly (a GAN's first step)."""
     return tf.is_tensor(value) and value.shape.rank and value.shape[0] in (None, 0)
-
-
-def _with_rows(tensor, missing):
-    zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
-    return tf.concat([tensor, zeros], axis=0)
 
 
 def _without_rows(tensor, missing, size):
