@@ -6,7 +6,7 @@ Changed: sizes (6 features, 3 classes, dense teacher and student).
 
 import keras
 import numpy as np
-from keras import layers
+from cases import _dense as dense
 from keras import ops
 
 import keras_io
@@ -54,11 +54,6 @@ def model_class(base):
             return self.student(x)
 
     return Distiller
-
-
-def dense(units, seed, **kwargs):
-    init = keras.initializers.GlorotUniform(seed=seed)
-    return layers.Dense(units, kernel_initializer=init, **kwargs)
 
 
 def train(base, strategy, parity=True):

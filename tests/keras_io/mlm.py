@@ -8,6 +8,7 @@ layer in place of the BERT encoder).
 
 import keras
 import numpy as np
+from cases import _dense as dense
 from keras import layers
 
 import keras_io
@@ -39,11 +40,6 @@ def model_class(base):
             return [loss_tracker]
 
     return MaskedLanguageModel
-
-
-def dense(units, seed, **kwargs):
-    init = keras.initializers.GlorotUniform(seed=seed)
-    return layers.Dense(units, kernel_initializer=init, **kwargs)
 
 
 def train(base, strategy, parity=True):
