@@ -11,10 +11,12 @@ import devices
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from children import PYTHON
 from children import output
 from children import run
 
+import keras_ctl
 from keras_ctl import CTLModel
 
 CTL_BASES = CTLModel.__bases__
@@ -224,3 +226,84 @@ def test_float64_default_step_equals_keras_to_round_off():
     assert keras.config.floatx() == previous
     assert all(w.dtype == np.float64 for w in actual["weights"])
     assert max(configurations.differences(expected, actual).values()) <= 1e-12
+
+
+def _two_view_model(base):
+    """A step of one's own calling its compiled loss on two views'
+    embeddings, not on the data's `(y, y_pred)` (keras.io's Barlow Twins)."""
+
+    class TwoViews(base):
+        def __init__(self):
+            super().__init__()
+            self.embed = dense(2, 3)
+
+        def call(self, x):
+            return self.embed(x)
+
+        def train_step(self, data):
+            view_a, view_b = data
+            with tf.GradientTape() as tape:
+                loss = self.loss(self(view_a), self(view_b))
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            return {"loss": loss}
+
+    return TwoViews
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_a_step_calling_its_loss_on_other_tensors_than_the_data(strategy):
+    # The data's second element (4 features) is no target of the model's
+    # 2 outputs: Keras's build under a strategy, which calls the compiled
+    # loss on them, failed; one device never calls it before the step.
+    rng = np.random.default_rng(5)
+    views = tuple(rng.random((17, 4)) for _ in range(2))
+
+    def train(base, strategy):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = _two_view_model(base)()
+            model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError())
+        data = tf.data.Dataset.from_tensor_slices(views).batch(8)
+        history = model.fit(data, epochs=2, verbose=0)
+        return model.get_weights(), history.history["loss"]
+
+    with configurations.computing_in("float64"):
+        expected = train(keras.Model, tf.distribute.get_strategy())
+        got = train(CTLModel, devices.get(strategy))
+    tolerance = 1e-12 if strategy == "default" else 1e-9
+    for g, e in zip([*got[0], got[1]], [*expected[0], expected[1]], strict=True):
+        np.testing.assert_allclose(g, e, rtol=tolerance)
+
+
+def test_in_batch_classes_of_a_replica_without_examples():
+    # An in-batch contrastive loss has as many classes as examples; a
+    # replica without examples has scores of shape (0, 0), which
+    # TensorFlow's crossentropy and argmax kernels refuse.
+    strategy = devices.get("mirrored")
+    scores = np.arange(9.0).reshape(3, 3) / 4
+    per_replica = [scores, np.zeros((0, 0))]
+
+    @tf.function
+    def step(scores):
+        # The seam's patches hold in a thread that runs a replica step.
+        with keras_ctl._keras.replica_step():
+            labels = tf.range(tf.shape(scores)[0])
+            loss = keras.losses.sparse_categorical_crossentropy(
+                labels, scores, from_logits=True
+            )
+            return loss, keras.ops.argmax(scores, axis=-1)
+
+    def replica_scores(context):
+        return tf.constant(per_replica[context.replica_id_in_sync_group])
+
+    distributed = strategy.experimental_distribute_values_from_function(replica_scores)
+    loss, argmax = strategy.run(step, args=(distributed,))
+    losses = [t.numpy() for t in strategy.experimental_local_results(loss)]
+    argmaxes = [t.numpy() for t in strategy.experimental_local_results(argmax)]
+    expected = keras.losses.sparse_categorical_crossentropy(
+        np.arange(3), scores, from_logits=True
+    )
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(argmaxes[0], [2, 2, 2])
+    assert losses[1].shape == (0,) and argmaxes[1].shape == (0,)

@@ -104,6 +104,8 @@ _TF_OPTIMIZER = "keras.src.backend.tensorflow.optimizer.TFOptimizer"
 KERAS_INTERNALS = (
     ("keras.src.losses.loss", "reduce_weighted_values"),
     ("keras.src.backend.tensorflow.nn", "_compute_moments_sync"),
+    ("keras.src.backend.tensorflow.nn", "sparse_categorical_crossentropy"),
+    ("keras.src.backend.tensorflow.numpy", "argmax"),
     ("keras.src.backend.tensorflow.core.Variable", "__array__"),
     ("keras.src.backend.tensorflow.core.Variable", "_serialize_to_tensors"),
     ("keras.src.backend.tensorflow.core.Variable", "_value"),
@@ -123,6 +125,7 @@ KERAS_INTERNALS = (
         "_overwrite_model_variables_with_average_value",
     ),
     ("keras.src.layers.layer.Layer", "_flatten_layers"),
+    ("keras.src.trainers.trainer.Trainer", "_symbolic_build"),
     ("keras.src.trainers.trainer.Trainer", "_compute_loss"),
     ("keras.src.trainers.trainer.Trainer", "_compile_loss"),
     ("keras.src.trainers.trainer.Trainer", "_compile_metrics"),

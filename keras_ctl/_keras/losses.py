@@ -6,6 +6,8 @@ from typing import NamedTuple
 import tensorflow as tf
 from keras import ops
 from keras import tree
+from keras.src.backend.tensorflow import nn as _tf_nn
+from keras.src.backend.tensorflow import numpy as _tf_numpy
 from keras.src.losses import loss as _loss_module
 
 from keras_ctl._keras.state import _in_step
@@ -169,3 +171,52 @@ def _install_exact_reduction():
         return reduce_weighted_values
 
     _patch_once(_loss_module, "reduce_weighted_values", replacement)
+
+
+def _install_scores_over_no_class():
+    """Keras's sparse categorical crossentropy and `argmax` of an empty
+    batch whose class count is its batch size (scores of shape `(0, 0)`)
+    give the empty batch's per-example results, inside our steps.
+
+    An in-batch contrastive loss and its accuracy (keras.io's SimCLR,
+    NNCLR: each example's positive among the batch's examples) have as many
+    classes as examples, and TensorFlow's kernels refuse zero classes ("Must
+    have at least one class", "Reduction axis -1 is empty") even for zero
+    examples: a replica without examples failed. One device never computes
+    them on an empty batch. Patches the TensorFlow backend's
+    `nn.sparse_categorical_crossentropy` and `numpy.argmax` (checked on
+    Keras 3.15.1).
+    """
+
+    def crossentropy(original):
+        def sparse_categorical_crossentropy(target, output, *args, **kwargs):
+            output = tf.convert_to_tensor(output)
+            return _unless_no_class(
+                output, output.dtype, lambda: original(target, output, *args, **kwargs)
+            )
+
+        return sparse_categorical_crossentropy
+
+    def argmax(original):
+        def argmax(x, axis=None, keepdims=False):
+            x = tf.convert_to_tensor(x)
+            if keepdims or axis not in (-1, x.shape.rank - 1):
+                return original(x, axis, keepdims)
+            return _unless_no_class(x, tf.int32, lambda: original(x, axis, keepdims))
+
+        return argmax
+
+    _patch_once(_tf_nn, "sparse_categorical_crossentropy", crossentropy)
+    _patch_once(_tf_numpy, "argmax", argmax)
+
+
+def _unless_no_class(scores, dtype, compute):
+    """`compute()`, or zeros of `scores`'s shape but its last axis (an
+    empty batch's per-example result) when `scores` is empty, in a step."""
+    if not getattr(_in_step, "active", False) or scores.shape[-1] not in (None, 0):
+        return compute()
+    return tf.cond(
+        tf.equal(tf.size(scores), 0),
+        lambda: tf.zeros(tf.shape(scores)[:-1], dtype),
+        compute,
+    )

@@ -51,8 +51,30 @@ class SymbolicBuildFromFirstReplica:
                     "batch (an empty array or dataset, or `steps` past its "
                     "end). Pass data with examples, or build the model first."
                 ) from None
+            except Exception:
+                if not _built_but_for_compiled_loss_or_metrics(self):
+                    raise
+                # A step of one's own may call its loss on other tensors
+                # than the data's `(y, y_pred)` (a Barlow Twins loss on two
+                # views' embeddings): one device never calls the compiled
+                # loss before the step does, so neither is it called here.
+                # A real mistake fails in the step's own call.
+                if self.optimizer is not None and not self.optimizer.built:
+                    self.optimizer.build(self.trainable_variables)
         if epoch_iterator is not None:
             _defer_iterators(epoch_iterator)
+
+
+def _built_but_for_compiled_loss_or_metrics(model):
+    """Whether Keras's `_symbolic_build` (3.15) failed after building every
+    layer, in its symbolic calls of the compiled loss or metrics, for a
+    model whose steps are its own."""
+    own_step = any(
+        getattr(type(model), name) is not getattr(keras.Model, name)
+        and getattr(type(model), name).__module__.split(".")[0] != "keras_ctl"
+        for name in ("train_step", "test_step")
+    )
+    return own_step and all(layer.built for layer in model._flatten_layers())
 
 
 def _callable_model(model):

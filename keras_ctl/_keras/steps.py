@@ -11,6 +11,7 @@ import contextlib
 from keras_ctl._keras.layers import _install_exact_sync_moments
 from keras_ctl._keras.layers import _install_layers_of_empty_batches
 from keras_ctl._keras.losses import _install_exact_reduction
+from keras_ctl._keras.losses import _install_scores_over_no_class
 from keras_ctl._keras.optimizers import _install_summed_gradients_switch
 from keras_ctl._keras.optimizers import _install_summing_apply
 from keras_ctl._keras.state import _in_step
@@ -24,6 +25,11 @@ PATCHES = (
         _install_exact_reduction,
         "keras.src.losses.loss.reduce_weighted_values",
         "every replica step; `loss_parts`",
+    ),
+    (
+        _install_scores_over_no_class,
+        "backend.tensorflow nn.sparse_categorical_crossentropy, numpy.argmax",
+        "every replica step",
     ),
     (
         _install_exact_sync_moments,
