@@ -1,5 +1,7 @@
 """Argument checks shared by the public classes and functions."""
 
+import tensorflow as tf
+
 
 def positive_int(name, value):
     """Raises `ValueError` unless `value` is an int >= 1, naming `name`."""
@@ -45,3 +47,41 @@ def _is_text(dtype, value):
         first = value.flat[0] if value.size else None
         return isinstance(first, (str, bytes))
     return getattr(dtype, "name", None) == "string"  # TensorFlow
+
+
+def made_in_scope(model, created_under):
+    """Raises `ValueError` when the model's weights and its optimizers were
+    not all created in the scope of the strategy the model trains under
+    (`created_under`: the strategy the model was created under, or `None`).
+
+    TensorFlow's own errors ("Mixing different tf.distribute.Strategy
+    objects", "Need to be inside `with strategy.scope()`") name neither the
+    object nor the fix.
+    """
+    if isinstance(model.distribute_strategy, tf.distribute.ParameterServerStrategy):
+        return  # its variables live on the parameter servers
+    created = [("The model's weights were", "the model", model.weights)]
+    for optimizer, _ in model.optimizers_and_variables():
+        if optimizer is not None:
+            what = f"The optimizer {optimizer.name!r} was"
+            created.append((what, "the optimizer", [optimizer.iterations]))
+    # The model's strategy; a model created without one trains under its
+    # optimizer's (Keras takes the current strategy then).
+    strategy = created_under or next(
+        (_strategy_of(v) for v in created[-1][2] if _strategy_of(v)), None
+    )
+    if strategy is None:
+        return
+    for what, create, variables in created:
+        if any(_strategy_of(v) is not strategy for v in variables):
+            raise ValueError(
+                f"{what} created outside `strategy.scope()` of the "
+                f"{type(strategy).__name__} the model trains under. Create "
+                f"{create} inside `with strategy.scope():`, where the model "
+                "is built and compiled, and its optimizer created."
+            )
+
+
+def _strategy_of(variable):
+    """The strategy a Keras variable was created under (`None`: none)."""
+    return getattr(getattr(variable, "value", None), "_distribute_strategy", None)

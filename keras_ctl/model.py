@@ -175,6 +175,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         inside a distributed `tf.function`, and a backup can only load into
         variables that exist.
         """
+        _checks.made_in_scope(self, _keras.strategy_created_under(self))
         for optimizer, variables in self.optimizers_and_variables():
             variables = list(variables)
             if optimizer is not None and not optimizer.built and variables:
@@ -305,12 +306,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             _checks.numeric_labels(validation_data[1], "validation_data")
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.fit(self, x, y, *args, **kwargs)
+        _checks.made_in_scope(self, _keras.strategy_created_under(self))
         return super().fit(x, y, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         _checks.numeric_labels(y)
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.evaluate(self, x, y, *args, **kwargs)
+        _checks.made_in_scope(self, _keras.strategy_created_under(self))
         return super().evaluate(x, y, *args, **kwargs)
 
     def predict(self, x, *args, **kwargs):

@@ -808,3 +808,29 @@ def test_xla_with_ema_builds_a_lazy_model_on_one_device():
         runs.append(model)
     assert_weights_equal(runs[0], runs[1])
     assert int(runs[0].optimizer.iterations.numpy()) == 4
+
+
+@pytest.mark.parametrize("outside", ["optimizer", "model"])
+def test_an_object_created_outside_the_strategy_scope_is_named(outside):
+    strategy = devices.get("mirrored")
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+    optimizer = keras.optimizers.SGD() if outside == "optimizer" else None
+    model = functional() if outside == "model" else None
+    with strategy.scope():
+        model = model or functional()
+        model.compile(optimizer=optimizer or keras.optimizers.SGD(), loss="mse")
+    before = [w.numpy() for w in model.weights]
+    what = (
+        "The optimizer 'sgd' was"
+        if outside == "optimizer"
+        else "The model's weights were"
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"{what} created outside `strategy.scope\(\)` of the MirroredStrategy"
+        rf".*Create the {outside} inside `with strategy.scope\(\):`",
+    ):
+        model.fit(x, y, batch_size=4, verbose=0)
+    # Nothing the user had changed.
+    for w, b in zip(model.weights, before, strict=True):
+        np.testing.assert_array_equal(w.numpy(), b)

@@ -46,6 +46,7 @@ from keras_ctl._keras.models import SymbolicBuildFromFirstReplica
 from keras_ctl._keras.models import build_from_spec
 from keras_ctl._keras.models import reduce_as_saved_model
 from keras_ctl._keras.models import register_under_name
+from keras_ctl._keras.models import strategy_created_under
 from keras_ctl._keras.models import without_strategy
 from keras_ctl._keras.optimizers import EmaAfterStep
 from keras_ctl._keras.optimizers import count_micro_batch
@@ -93,6 +94,7 @@ __all__ = [
     "register_under_name",
     "replica_step",
     "set_initial_epoch",
+    "strategy_created_under",
     "user_compute_loss",
     "user_loss",
     "without_strategy",

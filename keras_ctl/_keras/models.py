@@ -119,6 +119,11 @@ def build_from_spec(model, element_spec):
     model._maybe_symbolic_build(data_batch=element_spec)
 
 
+def strategy_created_under(model):
+    """The strategy whose scope `model` was created in, or `None`."""
+    return model._distribute_strategy
+
+
 @contextlib.contextmanager
 def without_strategy(model):
     """Within it, `model.distribute_strategy` is the current (default) one:
