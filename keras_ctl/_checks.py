@@ -64,7 +64,7 @@ def made_in_scope(model, created_under):
     for optimizer, _ in model.optimizers_and_variables():
         if optimizer is not None:
             what = f"The optimizer {optimizer.name!r} was"
-            created.append((what, "the optimizer", [optimizer.iterations]))
+            created.append((what, "the optimizer", optimizer.variables))
     # The model's strategy; a model created without one trains under its
     # optimizer's (Keras takes the current strategy then).
     strategy = created_under or next(

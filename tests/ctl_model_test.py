@@ -814,14 +814,14 @@ def test_xla_with_ema_builds_a_lazy_model_on_one_device():
 def test_an_object_created_outside_the_strategy_scope_is_named(outside):
     strategy = devices.get("mirrored")
     x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
-    optimizer = keras.optimizers.SGD() if outside == "optimizer" else None
+    optimizer = keras.optimizers.SGD(name="outside") if outside == "optimizer" else None
     model = functional() if outside == "model" else None
     with strategy.scope():
         model = model or functional()
         model.compile(optimizer=optimizer or keras.optimizers.SGD(), loss="mse")
     before = [w.numpy() for w in model.weights]
     what = (
-        "The optimizer 'sgd' was"
+        "The optimizer 'outside' was"
         if outside == "optimizer"
         else "The model's weights were"
     )

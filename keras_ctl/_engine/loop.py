@@ -140,9 +140,11 @@ def make_step_function(model, step, plan, training=False):
             _preemption.before_step()
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             run = multi_step
-            if first_call[0] and _creates_optimizer_variables(model):
-                # Optimizers that the step builds on first use (the keras.io
-                # GAN's) cannot create variables in a traced replica step.
+            if first_call[0] and _creates_variables_on_first_use(model):
+                # Optimizers, compiled losses and metrics that the step
+                # builds on first use (the keras.io GAN's optimizers, a step
+                # of one's own's compiled metrics) cannot create variables
+                # in a traced replica step.
                 run = eager_multi_step
             first_call[0] = False
             return _preemption.after_step(_explaining_errors(run, iterator))
@@ -274,16 +276,18 @@ def _gather_batch(value, strategy):
     return strategy.gather(value, axis=0)
 
 
-def _creates_optimizer_variables(model):
-    """Whether the model holds optimizers that a multi-replica step would
-    build on first use: attributes that `optimizers_and_variables()` does
-    not list (so were not built before the first step)."""
+def _creates_variables_on_first_use(model):
+    """Whether a multi-replica step would build state on first use: the
+    model's optimizers that `optimizers_and_variables()` does not list (so
+    were not built before the first step), or its compiled loss and metrics
+    (left to a step of one's own to build, `_keras.SymbolicBuildFromFirstReplica`)."""
     if model.distribute_strategy.num_replicas_in_sync == 1:
         return False
+    compiled = (_keras.compile_loss(model), _keras.compile_metrics(model))
     return any(
         isinstance(value, keras.optimizers.Optimizer) and not value.built
         for value in vars(model).values()
-    )
+    ) or any(value is not None and not value.built for value in compiled)
 
 
 def _updates_done(model):

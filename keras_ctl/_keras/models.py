@@ -41,7 +41,7 @@ class SymbolicBuildFromFirstReplica:
                 iterator = _first_replica_batches(iterator, strategy)
             else:
                 iterator = None
-        with strategy.scope():
+        with strategy.scope(), _compiled_loss_and_metrics_hidden(self):
             try:
                 self._symbolic_build(iterator=iterator, data_batch=data_batch)
             except StopIteration:
@@ -51,30 +51,48 @@ class SymbolicBuildFromFirstReplica:
                     "batch (an empty array or dataset, or `steps` past its "
                     "end). Pass data with examples, or build the model first."
                 ) from None
-            except Exception:
-                if not _built_but_for_compiled_loss_or_metrics(self):
-                    raise
-                # A step of one's own may call its loss on other tensors
-                # than the data's `(y, y_pred)` (a Barlow Twins loss on two
-                # views' embeddings): one device never calls the compiled
-                # loss before the step does, so neither is it called here.
-                # A real mistake fails in the step's own call.
-                if self.optimizer is not None and not self.optimizer.built:
-                    self.optimizer.build(self.trainable_variables)
         if epoch_iterator is not None:
             _defer_iterators(epoch_iterator)
 
 
-def _built_but_for_compiled_loss_or_metrics(model):
-    """Whether Keras's `_symbolic_build` (3.15) failed after building every
-    layer, in its symbolic calls of the compiled loss or metrics, for a
-    model whose steps are its own."""
-    own_step = any(
+@contextlib.contextmanager
+def _compiled_loss_and_metrics_hidden(model):
+    """Within it, a model whose steps are its own has no compiled loss or
+    metrics (`Trainer._compile_loss`, `_compile_metrics`), so Keras's
+    `_symbolic_build` (3.15) builds only its layers and optimizer.
+
+    Keras builds them by calling them on the data's `(y, y_pred)`. A step
+    of one's own may call them on other tensors (a Barlow Twins loss on two
+    views' embeddings, which failed) or on other targets (keras.io's
+    consistency training updates `"accuracy"` with integer labels while
+    the data's second element holds images: Keras resolved it to another
+    accuracy). One device builds them in the step's first call; so they are
+    here.
+    """
+    if not _has_own_step(model):
+        yield
+        return
+    # Set past Keras's tracking, which refuses new state once built.
+    hidden = {name: getattr(model, name) for name in _COMPILED}
+    for name in _COMPILED:
+        object.__setattr__(model, name, None)
+    try:
+        yield
+    finally:
+        for name, value in hidden.items():
+            object.__setattr__(model, name, value)
+
+
+_COMPILED = ("_compile_loss", "_compile_metrics")
+
+
+def _has_own_step(model):
+    """Whether `model` trains or evaluates with a step of the user's own."""
+    return any(
         getattr(type(model), name) is not getattr(keras.Model, name)
         and getattr(type(model), name).__module__.split(".")[0] != "keras_ctl"
         for name in ("train_step", "test_step")
     )
-    return own_step and all(layer.built for layer in model._flatten_layers())
 
 
 def _callable_model(model):

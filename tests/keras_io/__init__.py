@@ -31,6 +31,7 @@ EXACT = (
     "distiller",
     "mlm",
     "simsiam",
+    "consistency_training",
 )
 # Longer than the fast tier allows (tracing four models).
 SLOW = ("cyclegan",)
@@ -44,6 +45,7 @@ AS_WRITTEN = (
     "simsiam",
     "barlow_twins",
     "simclr",
+    "consistency_training",
 )
 # As written, their logged losses are a replica's local means: NaN for a
 # replica without examples (README, "Local means in a step of one's own").
