@@ -307,3 +307,50 @@ def test_in_batch_classes_of_a_replica_without_examples():
     np.testing.assert_allclose(losses[0], expected, rtol=1e-6)
     np.testing.assert_array_equal(argmaxes[0], [2, 2, 2])
     assert losses[1].shape == (0,) and argmaxes[1].shape == (0,)
+
+
+def _raw_loss_model(base):
+    """A step of one's own returning its loss as it is, under the name of
+    Keras's loss tracker, which it never updates."""
+
+    class RawLoss(base):
+        def __init__(self):
+            super().__init__()
+            self.dense = dense(1, 4)
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.losses.MeanSquaredError()(y, self(x))
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            # Not only metric names: Keras logs these values as they are.
+            return {"loss": loss, "kernel_norm": tf.norm(self.dense.kernel)}
+
+    return RawLoss
+
+
+def test_a_step_returning_its_own_loss_logs_it():
+    # The logs re-read a metric named like an output only when the step
+    # updated it: `loss` here is the step's value (was Keras's untouched
+    # loss tracker, 0), as Keras logs it: the epoch's last step's. (When a
+    # step's logs name exactly the metrics, Keras logs the metrics' results.)
+    rng = np.random.default_rng(6)
+    x, y = rng.random((17, 3)), rng.random((17, 1))
+
+    def train(base, strategy):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = _raw_loss_model(base)()
+            model.compile(optimizer="sgd")
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return history.history["loss"] + history.history["kernel_norm"]
+
+    with configurations.computing_in("float64"):
+        expected = train(keras.Model, tf.distribute.get_strategy())
+        got = train(CTLModel, devices.get("mirrored"))
+    assert min(expected) > 0.01
+    np.testing.assert_allclose(got, expected, rtol=1e-9)

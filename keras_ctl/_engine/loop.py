@@ -50,8 +50,12 @@ def make_step_function(model, step, plan, training=False):
     if _topology.of(strategy).workers > 1:
         notice = _preemption.notice_variable()
 
+    # The variables the step assigns, noted as it is traced: the logs
+    # re-read only the metrics it updated.
+    written = set()
+
     def replica_step(data):
-        with _keras.replica_step():
+        with _keras.replica_step(written):
             return step(_optionals_to_none(data))
 
     @tf.autograph.experimental.do_not_convert
@@ -77,7 +81,8 @@ def make_step_function(model, step, plan, training=False):
             shared = outputs_module.ReplicaSum(notice.read_value())
             outputs = {**outputs, _preemption.NOTICE_LOG: shared}
         with tf.control_dependencies(_updates_done(model)):
-            return outputs_module.all_reduce_logs(outputs, model.metrics)
+            updated = _keras.updated_metrics(model.metrics, written)
+            return outputs_module.all_reduce_logs(outputs, updated)
 
     @tf.autograph.experimental.do_not_convert
     def reduce_logs(outputs):

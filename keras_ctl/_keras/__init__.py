@@ -57,6 +57,7 @@ from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
 from keras_ctl._keras.state import count_only_real_examples
 from keras_ctl._keras.steps import PATCHES
 from keras_ctl._keras.steps import replica_step
+from keras_ctl._keras.steps import updated_metrics
 from keras_ctl._keras.variables import gradients
 from keras_ctl._keras.variables import install_sharded_reads
 
@@ -95,6 +96,7 @@ __all__ = [
     "replica_step",
     "set_initial_epoch",
     "strategy_created_under",
+    "updated_metrics",
     "user_compute_loss",
     "user_loss",
     "without_strategy",
@@ -111,6 +113,7 @@ KERAS_INTERNALS = (
     ("keras.src.backend.tensorflow.core.Variable", "__array__"),
     ("keras.src.backend.tensorflow.core.Variable", "_serialize_to_tensors"),
     ("keras.src.backend.tensorflow.core.Variable", "_value"),
+    ("keras.src.backend.tensorflow.core.Variable", "_direct_assign"),
     ("keras.src.backend.tensorflow.optimizer.TFOptimizer", "_all_reduce_sum_gradients"),
     (
         "keras.src.backend.tensorflow.optimizer.TFOptimizer",

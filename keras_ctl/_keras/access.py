@@ -4,6 +4,8 @@ trackers, the epoch counter, layers; each says why no public hook does it."""
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl._keras.state import record_write
+
 
 def compile_loss(model):
     """The model's `CompileLoss` built by `compile(loss=...)`, or `None`.
@@ -93,6 +95,7 @@ def _add(variable, value):
     # strategy that sums every replica's assignment into one copy
     # (CentralStorageStrategy), that adds the variable R times. The
     # TensorFlow variable underneath (`Variable.value`) adds `value` once.
+    record_write(variable)
     variable.value.assign_add(value)
 
 

@@ -30,6 +30,14 @@ def _patch_once(owner, name, replacement):
 _in_step = threading.local()
 
 
+def record_write(variable):
+    """Notes that this replica step assigns `variable` (see `replica_step`'s
+    `written`)."""
+    written = getattr(_in_step, "written", None)
+    if written is not None:
+        written.add(id(variable))
+
+
 def count_only_real_examples(batch_size):
     """Tells synchronized BatchNorm in this replica step that only the first
     `batch_size` examples are real (the rest is a placeholder)."""

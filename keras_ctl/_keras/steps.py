@@ -17,6 +17,7 @@ from keras_ctl._keras.optimizers import _install_summing_apply
 from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.variables import _install_atomic_updates
 from keras_ctl._keras.variables import _install_sharded_updates
+from keras_ctl._keras.variables import _install_write_records
 from keras_ctl._keras.variables import install_sharded_reads
 
 # (installer, what it replaces, when it is installed)
@@ -47,6 +48,11 @@ PATCHES = (
         "every replica step",
     ),
     (
+        _install_write_records,
+        "backend.tensorflow.core.Variable._direct_assign",
+        "every replica step",
+    ),
+    (
         _install_atomic_updates,
         "backend.tensorflow.core.Variable.assign_add, assign_sub",
         "every replica step",
@@ -71,18 +77,25 @@ IN_EVERY_STEP = [install for install, _, when in PATCHES if when.startswith("eve
 
 
 @contextlib.contextmanager
-def replica_step():
+def replica_step(written=None):
     """Within it (in this thread), Keras code called by a replica step is
     exact across replicas: `Loss` objects, synchronized BatchNorm, layers of
     a replica without examples, `optimizer.apply`, and variables that
-    workers share or parameter servers shard (`PATCHES`)."""
+    workers share or parameter servers shard (`PATCHES`). The ids of the
+    variables it assigns are added to the set `written`, when given."""
     for install in IN_EVERY_STEP:
         install()
     previous = vars(_in_step).copy()
     _in_step.active = True
     _in_step.real_examples = None
+    _in_step.written = written
     try:
         yield
     finally:
         vars(_in_step).clear()
         vars(_in_step).update(previous)
+
+
+def updated_metrics(metrics, written):
+    """The `metrics` any of whose variables a step assigned (`written`)."""
+    return [m for m in metrics if any(id(v) in written for v in m.variables)]

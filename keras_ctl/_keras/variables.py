@@ -8,6 +8,26 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
 from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.state import _patch_once
+from keras_ctl._keras.state import record_write
+
+
+def _install_write_records():
+    """A Keras variable assigned in a replica step is noted there
+    (`record_write`): the logs re-read only the metrics a step updated.
+
+    Patches `backend.tensorflow.core.Variable._direct_assign`, where every
+    Keras `assign`, `assign_add` and `assign_sub` ends (checked on Keras
+    3.15.1).
+    """
+
+    def replacement(original):
+        def direct_assign(self, value):
+            record_write(self)
+            return original(self, value)
+
+        return direct_assign
+
+    _patch_once(_TFVariable, "_direct_assign", replacement)
 
 
 def _install_atomic_updates():
@@ -23,6 +43,7 @@ def _install_atomic_updates():
 
     def replacement(original, native):
         def update(self, value):
+            record_write(self)
             if not getattr(_in_step, "active", False) or not isinstance(
                 tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy
             ):
