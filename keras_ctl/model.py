@@ -223,18 +223,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             y_pred, loss, shares, _ = compiled
             return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
         y_pred = self(x, training=False)
-        # Without gradients, the loss tracker can often do without the
-        # count's collective (the logs' one collective gives it exactly).
-        evaluation = None
         if self._uses_default_loss():
-            evaluation = forward.evaluation_loss(
+            # Without gradients, the loss tracker can often do without the
+            # count's collective (the logs' one collective gives it exactly).
+            loss, shares = forward.evaluation_loss(
                 self, y, y_pred, sample_weight, batch_size
             )
-        if evaluation is None:
-            _, *evaluation = self._forward(
-                x, y, sample_weight, batch_size, False, y_pred=y_pred
+        else:
+            _, loss, shares = forward.forward_and_loss(
+                self, x, y, sample_weight, batch_size, training=False, y_pred=y_pred
             )
-        loss, shares = evaluation
         return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
 
     def compute_loss(
@@ -392,18 +390,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             compiled_pass = forward.CompiledPass(self, training=training)
         function = loop.make_step_function(self, step, plan, training=training)
         return compiled_pass, function
-
-    def _forward(self, x, y, sample_weight, batch_size, training, y_pred=None):
-        return forward.forward_and_loss(
-            self,
-            x,
-            y,
-            sample_weight,
-            batch_size,
-            training,
-            self._uses_default_loss(),
-            y_pred=y_pred,
-        )
 
     def _update_metrics(self, x, y, y_pred, sample_weight, loss, shares):
         """Updates the loss trackers and compiled metrics on this replica."""

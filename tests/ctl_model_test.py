@@ -834,3 +834,34 @@ def test_an_object_created_outside_the_strategy_scope_is_named(outside):
     # Nothing the user had changed.
     for w, b in zip(model.weights, before, strict=True):
         np.testing.assert_array_equal(w.numpy(), b)
+
+
+class CountedMSE(keras.losses.MeanSquaredError):
+    """Counts its calls (each one runs Python: the step runs eagerly)."""
+
+    calls = 0
+
+    def call(self, y_true, y_pred):
+        CountedMSE.calls += 1
+        return super().call(y_true, y_pred)
+
+
+@pytest.mark.parametrize(
+    "reduction, weighted",
+    # One foldable loss, one whose count needs a collective (weight sums).
+    [("sum_over_batch_size", False), ("mean_with_sample_weight", True)],
+)
+def test_each_loss_is_computed_once_a_step(reduction, weighted):
+    x = np.random.default_rng(0).random((24, 4)).astype("float32")
+    y = np.ones((24, 2), "float32")
+    with devices.get("mirrored").scope():
+        model = functional()
+        model.compile(
+            optimizer="sgd", loss=CountedMSE(reduction=reduction), run_eagerly=True
+        )
+    CountedMSE.calls = 0
+    weights = np.linspace(0.5, 1.5, 24) if weighted else None
+    model.fit(x, y, sample_weight=weights, batch_size=8, shuffle=False, verbose=0)
+    # Keras's build before the first step, then 3 steps on 2 replicas (a
+    # loss computed twice when its count needed a collective made 13).
+    assert CountedMSE.calls == 1 + 6

@@ -1,8 +1,9 @@
 """The forward pass and loss share of the default steps, eager or with XLA.
 
-One function, `forward_and_loss`, computes the predictions and this
-replica's loss share; the eager step records it on a tape, and
-`CompiledPass` compiles it (with the backward pass) for each replica.
+Each output's loss is called once a step (`compiled_terms`), and what its
+denominators need decides the path (`LossTerms.foldable`,
+`LossTerms.fixed_counts`): `exact_gradients` for the eager step,
+`evaluation_loss` for `evaluate()`, `CompiledPass` for XLA per replica.
 
 Training makes one collective a step where it can: when every loss
 divides by a fixed count per example, each replica differentiates its loss
@@ -38,15 +39,7 @@ from keras_ctl._replicas import sum_across_replicas
 
 
 def forward_and_loss(
-    model,
-    x,
-    y,
-    sample_weight,
-    batch_size,
-    training,
-    uses_default_loss,
-    global_batch=None,
-    y_pred=None,
+    model, x, y, sample_weight, batch_size, *, training, y_pred=None, terms=None
 ):
     """Returns `(y_pred, loss share, LossShares)` for one replica's batch.
 
@@ -55,15 +48,15 @@ def forward_and_loss(
         x, y, sample_weight: This replica's part of the batch.
         batch_size: Number of real examples (0 on a padded replica).
         training: Whether the model runs in training mode.
-        uses_default_loss: False when a subclass overrides `compute_loss`:
-            its value is then taken as this replica's share (build it with
-            `keras_ctl.global_mean`).
-        global_batch: The all-reduced batch size, when known already (XLA).
         y_pred: The predictions, when the caller ran the forward pass.
+        terms: The compiled loss's `LossTerms`, when the caller has them.
+
+    A subclass's own `compute_loss` gives this replica's share (build it
+    with `keras_ctl.global_mean`), taken as it is.
     """
     if y_pred is None:
         y_pred = model(x, training=training)
-    if not uses_default_loss:
+    if not model._uses_default_loss():
         with shares_as_they_are():
             loss = _keras.user_compute_loss(
                 model, x, y, y_pred, sample_weight, training
@@ -71,28 +64,25 @@ def forward_and_loss(
         dtype = loss.dtype if loss.dtype.is_floating else keras.config.floatx()
         return y_pred, loss, loss_module.count_only_shares(batch_size, dtype)
     loss, shares = default_loss_share(
-        model, y, y_pred, sample_weight, batch_size, global_batch
+        model, y, y_pred, sample_weight, batch_size, terms=terms
     )
     return y_pred, loss, shares
 
 
-def loss_times_examples(model, y, y_pred, sample_weight, batch_size):
-    """`(total, per_output)`: this replica's part of `loss x batch size`,
-    with no collective, or `None` when the loss needs the global count.
-
-    Needs the compiled loss alone (a user's `compute_loss` returns a share).
-    See `loss.loss_times_examples`; regularization counts once per example
-    of the batch, as on one device.
-    """
+def compiled_terms(model, y, y_pred, sample_weight, batch_size):
+    """The `LossTerms` of the model's compiled loss, or `None` without one."""
     compile_loss = _keras.compile_loss(model)
-    if compile_loss is None or not model._uses_default_loss():
+    if compile_loss is None:
         return None
-    try:
-        total, per_output = loss_module.loss_times_examples(
-            compile_loss, y, y_pred, sample_weight, batch_size
-        )
-    except loss_module.NeedsCountAllReduce:
-        return None
+    return loss_module.loss_terms(compile_loss, y, y_pred, sample_weight, batch_size)
+
+
+def loss_times_examples(model, terms, batch_size):
+    """`(total, per_output)`: this replica's part of `loss x batch size`,
+    with no collective, for foldable `terms` (see
+    `loss.loss_times_examples`); regularization counts once per example of
+    the batch, as on one device."""
+    total, per_output = loss_module.loss_times_examples(terms)
     local_batch = tf.cast(batch_size, total.dtype)
     regularization = loss_module.regularization_total(model.losses, total.dtype)
     return total + regularization * local_batch, per_output
@@ -100,19 +90,25 @@ def loss_times_examples(model, y, y_pred, sample_weight, batch_size):
 
 def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
     """`(loss, LossShares)` for the loss tracker of `evaluate()`, without a
-    collective, or `None` when the loss needs the global count.
+    collective where it can.
 
-    The loss tracker then gets `loss x global_batch_size` with
-    `global_batch_size` 1. Needs one output: per-output losses are logged as
-    means over steps, which need each step's global count.
+    The tracker adds `loss x global_batch_size` and this replica's count;
+    for one output whose loss is foldable, `loss` is this replica's part of
+    `loss x examples` and `global_batch_size` 1, and the logs' sum across
+    replicas makes the mean exact. Per-output losses are logged as means
+    over steps, which need each step's global count.
     """
+    terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
     compile_loss = _keras.compile_loss(model)
-    if compile_loss is None or _keras.per_output_loss_trackers(compile_loss):
-        return None
-    summed = loss_times_examples(model, y, y_pred, sample_weight, batch_size)
-    if summed is None:
-        return None
-    total = summed[0]
+    if (
+        terms is None
+        or not terms.foldable
+        or _keras.per_output_loss_trackers(compile_loss)
+    ):
+        return default_loss_share(
+            model, y, y_pred, sample_weight, batch_size, terms=terms
+        )
+    total, _ = loss_times_examples(model, terms, batch_size)
     local_batch = tf.cast(batch_size, total.dtype)
     return total, loss_module.LossShares(
         total, [], tf.ones((), total.dtype), local_batch
@@ -125,33 +121,37 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
 
     Without `sum_gradients`, the gradients are this replica's share (summed
     later, e.g. once per accumulated update)."""
-    foldable = sum_gradients and not isinstance(
-        model.optimizer, keras.optimizers.LossScaleOptimizer
-    )
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
-        summed = None
-        if foldable:
-            summed = loss_times_examples(model, y, y_pred, sample_weight, batch_size)
-        if summed is None:
+        terms = None
+        if model._uses_default_loss():
+            terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+        fold = (
+            sum_gradients
+            and terms is not None
+            and terms.foldable
+            and not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        )
+        if fold:
+            summed = loss_times_examples(model, terms, batch_size)
+            objective = summed[0]
+        else:
             _, loss, shares = forward_and_loss(
                 model,
                 x,
                 y,
                 sample_weight,
                 batch_size,
-                True,
-                model._uses_default_loss(),
+                training=True,
                 y_pred=y_pred,
+                terms=terms,
             )
             objective = loss
-        else:
-            objective = summed[0]
         scaled = model.optimizer.scale_loss(objective)
     gradients = zero_if_padded(
         _keras.gradients(tape, scaled, model.trainable_weights), batch_size
     )
-    if summed is not None:
+    if fold:
         return (y_pred, *divide_after_sum(summed, gradients, batch_size))
     if not sum_gradients:
         return y_pred, loss, shares, gradients
@@ -208,8 +208,11 @@ def divide_after_sum(summed, gradients, batch_size):
     return shares.total, shares, gradients
 
 
-def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch=None):
-    """Returns `(share of compiled loss + model.losses, LossShares)`."""
+def default_loss_share(
+    model, y, y_pred, sample_weight, batch_size, global_batch=None, terms=None
+):
+    """Returns `(share of compiled loss + model.losses, LossShares)`, from
+    the compiled loss's `terms` when the caller has them."""
     # Read layer losses right after the forward pass: replica threads share
     # the layers, and the all-reduce below is a sync point.
     compile_loss = _keras.compile_loss(model)
@@ -224,9 +227,9 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
             )
         shares = loss_module.count_only_shares(batch_size, regularization.dtype)
     else:
-        shares = loss_module.compiled_loss_shares(
-            compile_loss, y, y_pred, sample_weight, batch_size, global_batch
-        )
+        if terms is None:
+            terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+        shares = loss_module.compiled_loss_shares(terms, batch_size, global_batch)
     # Regularization counts once per example of the global batch, as in the
     # folded step: 1/R of it per replica when the batch splits evenly.
     fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
@@ -236,9 +239,10 @@ def default_loss_share(model, y, y_pred, sample_weight, batch_size, global_batch
 class CompiledPass:
     """Each replica's forward (and, when training, backward) pass under XLA.
 
-    Called from every replica's thread; if the loss turns out to need a
-    count all-reduce, the first replica to find out turns the pass off for
-    all of them and warns once.
+    Called from every replica's thread. Whether the loss can do without a
+    count all-reduce inside the pass is decided once, when the pass is
+    traced (`LossTerms`); if it cannot, the pass turns off for every replica
+    and warns once, and the caller runs the eager exact step.
     """
 
     def __init__(self, model, training):
@@ -246,6 +250,8 @@ class CompiledPass:
         self._training = training
         self._function = tf.function(self._run, jit_compile=True, reduce_retracing=True)
         self._lock = threading.Lock()
+        self._fits = None  # set while tracing: whether the loss fits a pass
+        self._fits_of = {}  # the same, by traced concrete function
         self.usable = True
 
     def __call__(self, data, batch_size):
@@ -258,27 +264,37 @@ class CompiledPass:
         fold = self._training and not isinstance(
             model.optimizer, keras.optimizers.LossScaleOptimizer
         )
-        try:
-            if fold:
-                y_pred, total, per_output, gradients = self._function(
-                    data, batch_size, None
-                )
-                summed = (total, list(zip(self._output_names(), per_output)))
-                return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+        global_batch = None
+        if not fold:
             dtype = _keras.compile_loss(model).dtype
             global_batch = all_reduce_sum(tf.cast(batch_size, dtype))
-            with tf.control_dependencies([global_batch]):
-                y_pred, loss, shares, gradients = self._function(
-                    data, batch_size, global_batch
-                )
-                gradients, _ = sum_across_replicas(gradients)
-        except loss_module.NeedsCountAllReduce:
+        if not self._loss_fits(data, batch_size, global_batch):
             self._turn_off()
             return None
+        if fold:
+            y_pred, total, per_output, gradients = self._function(
+                data, batch_size, None
+            )
+            summed = (total, list(zip(self._output_names(), per_output)))
+            return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+        with tf.control_dependencies([global_batch]):
+            y_pred, loss, shares, gradients = self._function(
+                data, batch_size, global_batch
+            )
+            gradients, _ = sum_across_replicas(gradients)
         shares = shares._replace(
             per_output=list(zip(self._output_names(), shares.per_output))
         )
         return y_pred, loss, shares, gradients
+
+    def _loss_fits(self, *args):
+        """Whether the loss fits the pass for `args`, from its trace
+        (which runs nothing)."""
+        traced = self.tracing_count()
+        concrete = self._function.get_concrete_function(*args)
+        if self.tracing_count() != traced:
+            self._fits_of[id(concrete)] = self._fits
+        return self._fits_of[id(concrete)]
 
     def tracing_count(self):
         """How many times XLA traced the pass (0 until a step ran it)."""
@@ -304,28 +320,22 @@ class CompiledPass:
 
     def _run(self, data, batch_size, global_batch):
         """With `global_batch` None: `(y_pred, loss x examples, per-output
-        parts, gradients)`, else `(y_pred, loss share, shares, gradients)`."""
+        parts, gradients)`, else `(y_pred, loss share, shares, gradients)`.
+        Notes in `_fits` whether the loss's counts allow it."""
         model = self._model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
+            y_pred = model(x, training=self._training)
+            terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+            self._fits = terms.foldable if global_batch is None else terms.fixed_counts
+            if not self._fits:
+                return y_pred, tf.zeros(()), [], []  # traced, never run
             if global_batch is None:
-                y_pred = model(x, training=self._training)
-                summed = loss_times_examples(
-                    model, y, y_pred, sample_weight, batch_size
-                )
-                if summed is None:
-                    raise loss_module.NeedsCountAllReduce()
+                summed = loss_times_examples(model, terms, batch_size)
                 loss, parts = summed[0], [part for _, part in summed[1]]
             else:
-                y_pred, loss, shares = forward_and_loss(
-                    model,
-                    x,
-                    y,
-                    sample_weight,
-                    batch_size,
-                    self._training,
-                    True,
-                    global_batch,
+                loss, shares = default_loss_share(
+                    model, y, y_pred, sample_weight, batch_size, global_batch, terms
                 )
                 parts = shares._replace(
                     per_output=[share for _, share in shares.per_output]

@@ -37,54 +37,73 @@ class LossShares(NamedTuple):
     local_batch_size: tf.Tensor
 
 
-class NeedsCountAllReduce(Exception):
-    """A loss denominator that only an all-reduce can give (masks, weight
-    sums), asked for without one."""
+class LossTerms(NamedTuple):
+    """The compiled loss on this replica, each output's loss called once.
+
+    Which path a step takes (the count folded into the gradients, XLA per
+    replica, or the counts all-reduced first) is decided from these, so no
+    loss is computed twice.
+
+    Attributes:
+        parts: One `_keras.LossParts` per output with a loss, in `dtype`.
+        names: Each of those outputs' names.
+        loss_weights: Each of those outputs' `loss_weights` entry, or `None`.
+        dtype: The compiled loss's dtype (Keras casts each loss to it).
+    """
+
+    parts: list
+    names: list
+    loss_weights: list
+    dtype: tf.DType
+
+    @property
+    def fixed_counts(self):
+        """Every loss divides by a fixed count per example, or by nothing
+        (`"sum"`): given the global batch size, no count needs a collective.
+        Masks and sample-weight sums make counts that do."""
+        return all(p.count is None or p.per_example is not None for p in self.parts)
+
+    @property
+    def foldable(self):
+        """Every loss divides by a fixed count per example, so `loss x batch
+        size` is a sum of per-replica parts (`loss_times_examples`)."""
+        return all(
+            p.count is not None and p.per_example is not None for p in self.parts
+        )
 
 
-def compiled_loss_shares(
-    compile_loss, y, y_pred, sample_weight, batch_size, global_batch_size=None
-):
+def compiled_loss_shares(terms, batch_size, global_batch_size=None):
     """Returns the `LossShares` of the compiled loss on this replica.
 
     Args:
-        compile_loss: The model's `CompileLoss` (`_keras.compile_loss`).
-        y: Labels (any nest matching the outputs).
-        y_pred: Model outputs.
-        sample_weight: Optional sample weights (a tensor or a nest).
+        terms: The compiled loss's `LossTerms` on this replica.
         batch_size: Number of real examples on this replica (int32 scalar);
             a replica padded with a placeholder example passes 0.
         global_batch_size: The all-reduced batch size when the caller already
-            has it (a step compiled with XLA cannot run collectives). Then
-            every denominator must be a fixed count per example. Defaults to
-            `None`: denominators are all-reduced here, in one collective.
-
-    Raises:
-        NeedsCountAllReduce: if `global_batch_size` is given but a
-            denominator depends on masks or sample-weight sums.
+            has it (a step compiled with XLA cannot run collectives); needs
+            `terms.fixed_counts`. Defaults to `None`: denominators are
+            all-reduced here, in one collective.
     """
-    terms, names, loss_weights = _terms(
-        compile_loss, y, y_pred, sample_weight, batch_size
-    )
-    local_batch = tf.cast(batch_size, compile_loss.dtype)
-    sums = [term.total for term in terms]
+    local_batch = tf.cast(batch_size, terms.dtype)
+    sums = [part.total for part in terms.parts]
     if global_batch_size is None:
-        counts = [term.count for term in terms] + [local_batch]
+        counts = [part.count for part in terms.parts] + [local_batch]
         shares, global_counts = divide_by_global_counts(sums, counts)
         global_batch = global_counts[-1]
     else:
         shares = _fixed_count_shares(terms, global_batch_size)
         global_batch = global_batch_size
     return LossShares(
-        total=_weighted_total(shares, loss_weights),
-        per_output=list(zip(names, shares)),
+        total=_weighted_total(shares, terms.loss_weights),
+        per_output=list(zip(terms.names, shares)),
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
 
 
-def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
-    """This replica's part of `batch loss x batch size`, with no collective.
+def loss_times_examples(terms):
+    """This replica's part of `batch loss x batch size`, with no collective
+    (needs `terms.foldable`).
 
     One device adds each batch's loss to its `loss` tracker weighted by the
     batch size, and the mean over the global batch is the sum of these parts
@@ -97,37 +116,23 @@ def loss_times_examples(compile_loss, y, y_pred, sample_weight, batch_size):
     Returns:
         `(total, per_output)`: the weighted total and `[(name, part)]`, one
         unweighted part per output.
-
-    Raises:
-        NeedsCountAllReduce: for a denominator that depends on masks or
-            sample-weight sums, or a `sum` reduction (not divided at all).
     """
-    terms, names, loss_weights = _terms(
-        compile_loss, y, y_pred, sample_weight, batch_size
-    )
-    if any(term.count is None for term in terms):
-        raise NeedsCountAllReduce()
     # Shares of a global batch of 1: each sum over its elements per example.
     shares = _fixed_count_shares(terms, 1.0)
-    return _weighted_total(shares, loss_weights), list(zip(names, shares))
+    return _weighted_total(shares, terms.loss_weights), list(zip(terms.names, shares))
 
 
 def _fixed_count_shares(terms, global_batch_size):
-    """Each term's sum over `per_example x global_batch_size`, no collective.
-
-    Raises:
-        NeedsCountAllReduce: if a denominator is not a fixed count per example.
-    """
-    if any(t.count is not None and t.per_example is None for t in terms):
-        raise NeedsCountAllReduce()
+    """Each term's sum over `per_example x global_batch_size`, no collective
+    (needs `terms.fixed_counts`)."""
     return [
-        term.total
-        if term.count is None
+        part.total
+        if part.count is None
         else tf.math.divide_no_nan(
-            term.total,
-            tf.cast(term.per_example * global_batch_size, term.total.dtype),
+            part.total,
+            tf.cast(part.per_example * global_batch_size, part.total.dtype),
         )
-        for term in terms
+        for part in terms.parts
     ]
 
 
@@ -138,10 +143,10 @@ def _weighted_total(shares, loss_weights):
     return total
 
 
-def _terms(compile_loss, y, y_pred, sample_weight, batch_size):
-    """`(terms, names, loss_weights)`: one `_keras.LossParts` per output with a
-    loss,
-    in the compiled loss's dtype (Keras casts each output's loss to it)."""
+def loss_terms(compile_loss, y, y_pred, sample_weight, batch_size):
+    """The `LossTerms` of `compile_loss` (`_keras.compile_loss`) on this
+    replica's labels `y`, outputs `y_pred` and `sample_weight` (any nests
+    matching the outputs), with `batch_size` real examples."""
     dtype = compile_loss.dtype
     # A replica padded with a placeholder example contributes nothing, not
     # even a NaN (a fully masked placeholder divides 0 by 0).
@@ -165,7 +170,7 @@ def _terms(compile_loss, y, y_pred, sample_weight, batch_size):
         terms.append(term._replace(total=local(term.total), count=local(term.count)))
         names.append(name)
         loss_weights.append(loss_weight)
-    return terms, names, loss_weights
+    return LossTerms(terms, names, loss_weights, dtype)
 
 
 def count_only_shares(batch_size, dtype):

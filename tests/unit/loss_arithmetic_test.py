@@ -78,9 +78,8 @@ def test_compiled_loss_shares_sum_to_one_device(reduction, weighted, split):
 
     def share(y, y_pred, weight, batch_size):
         w = weight if weighted else None
-        shares = loss_module.compiled_loss_shares(
-            compile_loss, y, y_pred, w, batch_size
-        )
+        terms = loss_module.loss_terms(compile_loss, y, y_pred, w, batch_size)
+        shares = loss_module.compiled_loss_shares(terms, batch_size)
         return shares.total
 
     got = on_replicas(share, y, y_pred, weight, split=split)
@@ -95,9 +94,8 @@ def test_global_batch_size_counts_real_examples_only(split):
 
     def global_batch(y, y_pred, weight, batch_size):
         y_true = tf.one_hot(y, 3)
-        shares = loss_module.compiled_loss_shares(
-            compile_loss, y_true, y_pred, None, batch_size
-        )
+        terms = loss_module.loss_terms(compile_loss, y_true, y_pred, None, batch_size)
+        shares = loss_module.compiled_loss_shares(terms, batch_size)
         return shares.global_batch_size / 2.0  # summed over 2 replicas
 
     assert on_replicas(global_batch, y, y_pred, weight, split=split) == 7.0
