@@ -1,6 +1,6 @@
 """Argument checks shared by the public classes and functions."""
 
-import tensorflow as tf
+from keras_ctl import _topology
 
 
 def positive_int(name, value):
@@ -58,7 +58,7 @@ def made_in_scope(model, created_under):
     objects", "Need to be inside `with strategy.scope()`") name neither the
     object nor the fix.
     """
-    if isinstance(model.distribute_strategy, tf.distribute.ParameterServerStrategy):
+    if _topology.of(model.distribute_strategy).parameter_servers:
         return  # its variables live on the parameter servers
     created = [("The model's weights were", "the model", model.weights)]
     for optimizer, _ in model.optimizers_and_variables():
