@@ -1,5 +1,7 @@
 """Argument checks shared by the public classes and functions."""
 
+import tensorflow as tf
+
 from keras_ctl import _topology
 
 
@@ -72,16 +74,46 @@ def made_in_scope(model, created_under):
     )
     if strategy is None:
         return
+    current = tf.distribute.get_strategy()
+    if tf.distribute.has_strategy() and current is not strategy:
+        raise ValueError(
+            f"The model is used inside the scope of a {type(current).__name__}, "
+            f"but was created under a {type(strategy).__name__}. Call `fit()`, "
+            "`evaluate()` and `predict()` outside that scope, or inside the "
+            "scope of the strategy the model was created under."
+        )
     for what, create, variables in created:
         if any(_strategy_of(v) is not strategy for v in variables):
             raise ValueError(
                 f"{what} created outside `strategy.scope()` of the "
                 f"{type(strategy).__name__} the model trains under. Create "
                 f"{create} inside `with strategy.scope():`, where the model "
-                "is built and compiled, and its optimizer created."
+                "(and every model inside it) is built and compiled, and its "
+                "optimizer created."
             )
 
 
 def _strategy_of(variable):
     """The strategy a Keras variable was created under (`None`: none)."""
     return getattr(getattr(variable, "value", None), "_distribute_strategy", None)
+
+
+def batched(x, model):
+    """Raises `ValueError` when `x` is a `tf.data.Dataset` of single
+    examples (no `.batch()`): Keras fails later, in the model's call or in
+    TensorFlow, without saying so."""
+    if not isinstance(x, tf.data.Dataset):
+        return
+    specs = tf.nest.flatten(x.element_spec)
+    ranks = [s.shape.rank for s in specs if isinstance(s, tf.TensorSpec)]
+    inputs = [t for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
+    single = any(rank == 0 for rank in ranks)
+    if inputs and ranks and ranks[0] is not None:
+        single = single or ranks[0] == len(inputs[0].shape) - 1
+    if single:
+        shapes = [tuple(s.shape) for s in specs if isinstance(s, tf.TensorSpec)]
+        raise ValueError(
+            "Expected `x` to be a batched tf.data.Dataset. Received: a dataset "
+            f"of single examples (element shapes {shapes}). Batch it first: "
+            "`dataset.batch(batch_size)`."
+        )

@@ -299,6 +299,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         scheduled on the workers, and `x` may also be a function
         `dataset_fn(input_context)` returning a `tf.data.Dataset`."""
         _checks.numeric_labels(y)
+        _checks.batched(x, self)
         validation_data = kwargs.get("validation_data")
         if isinstance(validation_data, tuple) and len(validation_data) > 1:
             _checks.numeric_labels(validation_data[1], "validation_data")
@@ -309,6 +310,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         _checks.numeric_labels(y)
+        _checks.batched(x, self)
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.evaluate(self, x, y, *args, **kwargs)
         _checks.made_in_scope(self, _keras.strategy_created_under(self))
@@ -320,6 +322,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self._predicted_batches = 0
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.predict(self, x, *args, **kwargs)
+        _checks.batched(x, self)
+        _checks.made_in_scope(self, _keras.strategy_created_under(self))
         try:
             return super().predict(x, *args, **kwargs)
         except UnboundLocalError:

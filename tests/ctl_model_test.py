@@ -865,3 +865,32 @@ def test_each_loss_is_computed_once_a_step(reduction, weighted):
     # Keras's build before the first step, then 3 steps on 2 replicas (a
     # loss computed twice when its count needed a collective made 13).
     assert CountedMSE.calls == 1 + 6
+
+
+def test_fit_inside_another_strategy_scope_is_named():
+    with devices.get("mirrored").scope():
+        model = functional()
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+    with devices.get("onedevice").scope():
+        with pytest.raises(
+            ValueError,
+            match="inside the scope of a OneDeviceStrategy, but was created "
+            "under a MirroredStrategy",
+        ):
+            model.fit(x, y, batch_size=4, verbose=0)
+
+
+@pytest.mark.parametrize("method", ["fit", "evaluate", "predict"])
+def test_a_dataset_of_single_examples_is_named(method):
+    with devices.get("mirrored").scope():
+        model = functional()
+        model.compile(optimizer="sgd", loss="mse")
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+    single = tf.data.Dataset.from_tensor_slices((x, y) if method != "predict" else x)
+    with pytest.raises(
+        ValueError, match=r"a dataset of single examples .*\(4,\).*dataset.batch"
+    ):
+        getattr(model, method)(single, verbose=0)
+    # Batched, it runs.
+    getattr(model, method)(single.batch(4), verbose=0)

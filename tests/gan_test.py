@@ -228,3 +228,20 @@ def test_data_that_cannot_fit_the_models_names_the_argument(data, message):
     gan = compiled_gan(devices.get("mirrored"))
     with pytest.raises(ValueError, match=message):
         gan.fit(**data, batch_size=4, epochs=1, verbose=0)
+
+
+def test_sub_models_built_outside_the_strategy_scope_are_named():
+    generator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    discriminator = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    # TensorFlow's error printed the whole weight matrix; `compile()` builds
+    # the optimizers, so it tells at once.
+    with pytest.raises(
+        ValueError,
+        match=r"model's weights were created outside `strategy.scope\(\)`.*"
+        r"every model inside it",
+    ):
+        with devices.get("mirrored").scope():
+            gan = keras_ctl.GAN(
+                discriminator=discriminator, generator=generator, latent_dim=2
+            )
+            gan.compile(d_optimizer="adam", g_optimizer="adam")
