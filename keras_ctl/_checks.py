@@ -63,7 +63,8 @@ def made_in_scope(model, created_under):
     if _topology.of(model.distribute_strategy).parameter_servers:
         return  # its variables live on the parameter servers
     created = [("The model's weights were", "the model", model.weights)]
-    for optimizer, _ in model.optimizers_and_variables():
+    compiled = model.optimizers_and_variables() if model.compiled else []
+    for optimizer, _ in compiled:
         if optimizer is not None:
             what = f"The optimizer {optimizer.name!r} was"
             created.append((what, "the optimizer", optimizer.variables))

@@ -142,6 +142,17 @@ REPORTED = {
         "size": 17,
         "optimizer": "adadelta",
     },
+    # Sparse gradient rows that change within one execution (8, 8, 1
+    # examples in 3 steps, clipped as Keras clips the rows): was "Shape
+    # mismatch in the collective instance" (generated seed 206).
+    "sparse_rows_in_an_execution": {
+        "kind": "masked_embedding",
+        "size": 17,
+        "steps_per_execution": 3,
+        "dataset": True,
+        "optimizer": "sgd",
+        "options": {"clipnorm": 0.05},
+    },
     # Unweighted scalar losses (one value per batch).
     "scalar_loss": {"loss": "scalar_loss", "size": 17},
     # SGD: Adam turns XLA's float64 round-off in near-zero gradients into

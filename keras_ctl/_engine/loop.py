@@ -103,7 +103,10 @@ def make_step_function(model, step, plan, training=False):
         def multi_step(iterator):
             if steps == 1:
                 return one_step(iterator.get_next())
+            traced = len(tf.compat.v1.get_default_graph().get_operations())
             outputs = run_step(iterator.get_next())
+            if _gathers_across_replicas(since=traced):
+                return reduce_logs(unrolled(steps, iterator, outputs))
 
             def keep_going(i, outputs, next_data):
                 return tf.logical_and(i < steps, next_data.has_value())
@@ -126,6 +129,21 @@ def make_step_function(model, step, plan, training=False):
             return reduce_logs(outputs)
 
         return multi_step
+
+    def unrolled(steps, iterator, outputs):
+        """The remaining `steps - 1` steps, each traced on its own: a step
+        that all-gathers (sparse gradients, whose rows vary with the batch)
+        cannot run in a `tf.while_loop`, where TensorFlow keeps each
+        collective's shape from its first iteration ("Shape mismatch in the
+        collective instance" at a smaller last batch, TensorFlow 2.21)."""
+        for _ in range(1, steps):
+            next_data = iterator.get_next_as_optional()
+            outputs = tf.cond(
+                next_data.has_value(),
+                lambda data=next_data: run_step(data.get_value()),
+                lambda outputs=outputs: outputs,
+            )
+        return outputs
 
     multi_step = multi_step_of(plan.steps_per_execution)
     eager_multi_step = multi_step
@@ -279,6 +297,15 @@ def _gather_batch(value, strategy):
         return strategy.experimental_local_results(value)[0]
     # `gather` orders replicas globally, across workers too.
     return strategy.gather(value, axis=0)
+
+
+def _gathers_across_replicas(since):
+    """Whether the current graph's ops from index `since` on (a step just
+    traced) hold an all-gather, whose shape may change from step to step.
+    `tf.distribute`'s sum of sparse gradients gathers their row counts
+    first, outside the `tf.cond` that gathers the rows."""
+    ops = tf.compat.v1.get_default_graph().get_operations()[since:]
+    return any(op.type == "CollectiveGatherV2" for op in ops)
 
 
 def _creates_variables_on_first_use(model):
