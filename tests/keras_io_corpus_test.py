@@ -64,6 +64,9 @@ def test_an_example_runs_as_written_on_2_replicas(name):
     used = [count for count in got["iterations"] if count]
     assert used and set(used) == {STEPS}
     assert all(np.isfinite(w).all() for w in got["weights"])
+    # A step counter of the model's own (AdaMatch's loss-weight ramp)
+    # counts steps, as on one device.
+    assert got.get("current_step", STEPS) == STEPS
     if name not in keras_io.LOCAL_MEANS_LOGGED:
         for values in got["history"].values():
             assert np.isfinite(values).all() and len(values) == keras_io.EPOCHS
