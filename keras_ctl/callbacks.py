@@ -141,7 +141,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         except (OSError, ValueError) as error:
             previous = self._path(_WEIGHTS, previous=True)
             if not os.path.exists(previous):
-                raise
+                raise self._damaged(error) from error
             warnings.warn(
                 f"The latest backup {self._path(_WEIGHTS)} could not be read "
                 f"({type(error).__name__}: {error}). Restoring the previous "
@@ -151,7 +151,22 @@ class BackupAndRestore(keras.callbacks.Callback):
             for name in (_WEIGHTS, _METADATA):
                 if os.path.exists(self._path(name, previous=True)):
                     shutil.copy(self._path(name, previous=True), self._path(name))
-            self._restore()
+            try:
+                self._restore()
+            except (OSError, ValueError) as second:
+                raise self._damaged(second, "both the latest and the previous ") from (
+                    second
+                )
+
+    def _damaged(self, error, which="the "):
+        """The error for a backup that cannot be read: where, what, and the
+        two ways on (nothing is deleted here)."""
+        return ValueError(
+            f"Cannot resume from the backup in {self.backup_dir}: {which}backup "
+            f"cannot be read ({type(error).__name__}: {error}). Delete that "
+            "folder to start training over, or pass another `backup_dir` (the "
+            "CLI: another --out) to keep it and start a new run."
+        )
 
     def _restore(self):
         if not os.path.exists(self._path(_WEIGHTS)):

@@ -121,6 +121,56 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
     assert not backup.exists()  # deleted after a successful run
 
 
+@pytest.mark.parametrize(
+    "damage, which",
+    [
+        ({"latest.weights.h5": b"torn"}, "the backup"),
+        ({"training_metadata.json": b""}, "the backup"),
+        (
+            {"latest.weights.h5": b"torn", "latest.weights.h5.bkp": b"torn"},
+            "both the latest and the previous backup",
+        ),
+    ],
+    ids=["weights", "metadata", "every_copy"],
+)
+def test_a_damaged_backup_says_where_and_what_to_do(tmp_path, damage, which):
+    x, y = data()
+    backup = tmp_path / "backup"
+    double = "latest.weights.h5.bkp" in damage
+    make_model("default").fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            keras_ctl.callbacks.BackupAndRestore(
+                str(backup), double_checkpoint=double, delete_checkpoint=False
+            )
+        ],
+    )
+    for name, content in damage.items():
+        (backup / name).write_bytes(content)
+    kept = sorted(p.name for p in backup.iterdir())
+    with pytest.raises(
+        ValueError,
+        match=rf"Cannot resume from the backup in {backup}: {which} cannot be "
+        r"read .*Delete that folder to start training over, or pass another "
+        r"`backup_dir`",
+    ):
+        make_model("default").fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=3,
+            verbose=0,
+            callbacks=[keras_ctl.callbacks.BackupAndRestore(str(backup))],
+        )
+    # Nothing was deleted.
+    assert sorted(p.name for p in backup.iterdir()) == kept
+
+
 def test_backup_dir_is_required():
     with pytest.raises(ValueError, match=r"Received: backup_dir=''"):
         keras_ctl.callbacks.BackupAndRestore("")
