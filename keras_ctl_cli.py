@@ -18,6 +18,7 @@ import datetime
 import functools
 import os
 import pathlib
+import shutil
 import sys
 
 from keras_ctl_launch import DefaultsShown
@@ -65,6 +66,11 @@ def build_parser():
     )
     train.add_argument(
         "--resume", action="store_true", help="continue the interrupted run in --out"
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the files of a finished run in --out",
     )
 
     tune = subcommand(
@@ -150,7 +156,28 @@ def _validate(parser, args):
             f"--out {run_dir} holds an interrupted run. Pass --resume to continue "
             "it, or choose another --out (nothing is overwritten)."
         )
+    elif args.command == "train" and _finished_run(run_dir):
+        if not args.overwrite:
+            parser.error(
+                f"--out {run_dir} holds a finished run "
+                f"({', '.join(_finished_run(run_dir))}). Choose another --out, "
+                "or pass --overwrite to replace its files."
+            )
+        # One TensorBoard run per folder: the earlier run's events go.
+        shutil.rmtree(os.path.join(run_dir, "logs"), ignore_errors=True)
     args.out = run_dir
+
+
+def _finished_run(run_dir):
+    """The names of the files a finished `train` run left in `run_dir`."""
+    folder = pathlib.Path(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        path.name
+        for path in folder.iterdir()
+        if path.suffix == ".keras" or path.name.startswith("history")
+    )
 
 
 def _output_folder(parser, path):

@@ -60,6 +60,25 @@ def test_an_interrupted_run_is_not_overwritten(capsys, tmp_path):
     assert (tmp_path / "backup" / "latest.weights.h5").read_bytes() == b"state"
 
 
+def test_a_finished_run_is_replaced_only_with_overwrite(capsys, tmp_path):
+    (tmp_path / "model.keras").write_bytes(b"trained")
+    (tmp_path / "history.json").write_text("{}")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "events.out").write_bytes(b"run 1")
+    error = usage_error(capsys, "train", "classifier", "--out", str(tmp_path))
+    assert "holds a finished run (history.json, model.keras)" in error
+    assert "pass --overwrite" in error
+    assert (tmp_path / "model.keras").read_bytes() == b"trained"
+    assert (tmp_path / "logs" / "events.out").exists()
+    # With --overwrite the earlier TensorBoard run goes (runs never mix).
+    parser = keras_ctl_cli.build_parser()
+    args = parser.parse_args(
+        ["train", "classifier", "--out", str(tmp_path), "--overwrite"]
+    )
+    keras_ctl_cli._validate(parser, args)
+    assert args.out == str(tmp_path) and not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize(
     "argv, shown",
     [
