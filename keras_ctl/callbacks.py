@@ -12,6 +12,7 @@ from keras_ctl import _preemption
 from keras_ctl import strategies
 from keras_ctl._engine import parameter_servers
 from keras_ctl._engine.resume import ResumePlan
+from keras_ctl._engine.state import EngineState
 from keras_ctl.model import CTLModel
 
 _WEIGHTS = "latest.weights.h5"
@@ -186,12 +187,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = metadata["epoch"]
         _keras.set_initial_epoch(self.model, self._epoch)
         self._skipped = metadata.get("batches_done", 0)
-        accumulation = getattr(self.model, "_accumulation", None)
+        accumulation = _engine_of(self.model).accumulation
         if accumulation is not None:
             accumulation.load_from_optimizer(metadata.get("accumulated_examples", 0))
         if self._skipped and isinstance(self.model, CTLModel):
             steps = self.params.get("steps") if self.params else None
-            self.model._resume_plan = ResumePlan(self._skipped, steps)
+            self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -244,7 +245,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             # Steps in flight on the workers would change what is saved.
             parameter_servers.coordinator(strategy).join()
         metadata = {"epoch": self._epoch, "batches_done": self._batches_done}
-        accumulation = getattr(self.model, "_accumulation", None)
+        accumulation = _engine_of(self.model).accumulation
         if accumulation is not None:
             # Mid-way through accumulating: the partial sums are saved too.
             metadata["accumulated_examples"] = accumulation.save_into_optimizer()
@@ -283,3 +284,8 @@ def _build_optimizers(model):
     elif model.optimizer is not None and not model.optimizer.built:
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
+
+
+def _engine_of(model):
+    """The model's `EngineState`; an empty one for a plain `keras.Model`."""
+    return model._engine if isinstance(model, CTLModel) else EngineState()

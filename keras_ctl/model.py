@@ -18,6 +18,7 @@ from keras_ctl._engine import parameter_servers
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.state import EngineState
 from keras_ctl._replicas import valued_as_global
 
 
@@ -68,14 +69,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     ```
     """
 
-    # Set by `keras_ctl.callbacks.BackupAndRestore` to resume mid-epoch.
-    _resume_plan = None
-    # Each replica's XLA-compiled pass, when the step plan uses one.
-    _train_pass = None
-    _test_pass = None
-    # See `compile()`; the accumulators when the train step accumulates.
+    # See `compile()`.
     _gradient_accumulation = "micro_batches"
-    _accumulation = None
 
     def __new__(cls, *args, **kwargs):
         # A class without a constructor of its own passes its arguments to
@@ -199,8 +194,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         """
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        step = self._train_pass(data, batch_size) if self._train_pass else None
-        accumulating = self._accumulation
+        engine = self._engine
+        step = engine.train_pass(data, batch_size) if engine.train_pass else None
+        accumulating = engine.accumulation
         if step is None:
             step = forward.exact_gradients(
                 self, x, y, sample_weight, batch_size, not accumulating
@@ -218,7 +214,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         """One exact evaluation step on this replica's part of the batch."""
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        compiled = self._test_pass(data, batch_size) if self._test_pass else None
+        test_pass = self._engine.test_pass
+        compiled = test_pass(data, batch_size) if test_pass else None
         if compiled is not None:
             y_pred, loss, shares, _ = compiled
             return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
@@ -350,15 +347,15 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             if self.built:
                 self.build_optimizers()
             default_step = type(self).train_step is CTLModel.train_step
-            self._accumulation = accumulation.for_model(self, default_step)
-            self._train_pass, self.train_function = self._step_function(
+            self._engine.accumulation = accumulation.for_model(self, default_step)
+            self._engine.train_pass, self.train_function = self._step_function(
                 self.train_step, training=True
             )
         return self.train_function
 
     def make_test_function(self, force=False):
         if self.test_function is None or force:
-            self._test_pass, self.test_function = self._step_function(
+            self._engine.test_pass, self.test_function = self._step_function(
                 self.test_step, training=False
             )
         return self.test_function
@@ -376,6 +373,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self.predict_function = predict_function
         return self.predict_function
 
+    @property
+    def _engine(self):
+        """What the step engine keeps for this model between calls."""
+        state = self.__dict__.get("_engine_state")
+        if state is None:
+            # Set past Keras's attribute tracking: engine state, not model
+            # state (nothing of it is saved).
+            state = self.__dict__["_engine_state"] = EngineState()
+        return state
+
     def _uses_default_loss(self):
         return type(self).compute_loss is CTLModel.compute_loss
 
@@ -386,7 +393,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         compilable = (
             self._uses_default_loss()
             and _keras.compile_loss(self) is not None
-            and not (training and self._accumulation)
+            and not (training and self._engine.accumulation)
         )
         plan = StepPlan.for_model(self, compilable)
         compiled_pass = None

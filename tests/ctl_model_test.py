@@ -291,7 +291,7 @@ def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
         results.append((model, history.history, model.evaluate(x, y, verbose=0)))
     if kind == "mirrored":
         # Each replica ran its own XLA-compiled forward and backward pass.
-        assert results[2][0]._train_pass.tracing_count() >= 1
+        assert results[2][0]._engine.train_pass.tracing_count() >= 1
     base_model, base_history, base_eval = results[0]
     for model, history, evaluation in results[1:]:
         assert_weights_equal(model, base_model)

@@ -45,6 +45,7 @@ def make_step_function(model, step, plan, training=False):
     updates the optimizers' EMA after the replicas' step.
     """
     strategy = model.distribute_strategy
+    engine = model._engine
     # Workers share a preemption notice through the logs' all-reduce.
     notice = None
     if _topology.of(strategy).workers > 1:
@@ -65,8 +66,8 @@ def make_step_function(model, step, plan, training=False):
             return strategy.run(replica_step, args=(data,))
         optimizers = [o for o, _ in model.optimizers_and_variables() if o is not None]
         ema = _keras.EmaAfterStep(optimizers)
-        if model._accumulation:
-            outputs = model._accumulation.run(
+        if engine.accumulation:
+            outputs = engine.accumulation.run(
                 lambda: strategy.run(replica_step, args=(data,))
             )
         else:
@@ -153,10 +154,10 @@ def make_step_function(model, step, plan, training=False):
 
     def call(iterator):
         iterator = opened(iterator)
-        resume = model._resume_plan if training else None
+        resume = engine.resume_plan if training else None
         if resume is not None:
             if resume.finished:
-                model._resume_plan = None
+                engine.resume_plan = None
             else:
                 resume.before_call(iterator, plan.steps_per_execution)
         if notice is not None:

@@ -231,10 +231,10 @@ def _repeated(dataset):
 
 def _skipped_steps(model):
     """Steps a resumed epoch already trained (`BackupAndRestore`)."""
-    plan = getattr(model, "_resume_plan", None)
+    plan = model._engine.resume_plan
     if plan is None:
         return 0
-    model._resume_plan = None
+    model._engine.resume_plan = None
     return plan.batches_done
 
 
