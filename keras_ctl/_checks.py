@@ -107,7 +107,7 @@ def batched(x, model):
         return
     specs = tf.nest.flatten(x.element_spec)
     ranks = [s.shape.rank for s in specs if isinstance(s, tf.TensorSpec)]
-    inputs = [t for t in tf.nest.flatten(getattr(model, "inputs", None) or [])]
+    inputs = tf.nest.flatten(getattr(model, "inputs", None) or [])
     single = any(rank == 0 for rank in ranks)
     if inputs and ranks and ranks[0] is not None:
         single = single or ranks[0] == len(inputs[0].shape) - 1

@@ -66,8 +66,8 @@ def _compiled_loss_and_metrics_hidden(model):
     views' embeddings, which failed) or on other targets (keras.io's
     consistency training updates `"accuracy"` with integer labels while
     the data's second element holds images: Keras resolved it to another
-    accuracy). One device builds them in the step's first call; so they are
-    here.
+    accuracy). One device builds them in the step's first call, and so does
+    such a model here.
     """
     if not _has_own_step(model):
         yield
