@@ -417,7 +417,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             # unknown in a traced step: one weight per step, 1/R per replica.
             per_replica = 1.0 / blocks.num_replicas()
             trackers = _keras.per_output_loss_trackers(compile_loss)
-            for tracker, (_, share) in zip(trackers, shares.per_output):
+            for tracker, share in zip(trackers, shares.per_output):
                 _keras.add_to_mean(tracker, share, per_replica)
 
         def update():

@@ -198,10 +198,7 @@ def divide_after_sum(summed, gradients, batch_size):
     gradients = update.divide(gradients, global_batch)
     shares = loss_module.LossShares(
         total=tf.math.divide_no_nan(total, global_batch),
-        per_output=[
-            (name, tf.math.divide_no_nan(part, global_batch))
-            for name, part in per_output
-        ],
+        per_output=[tf.math.divide_no_nan(part, global_batch) for part in per_output],
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
@@ -275,16 +272,13 @@ class CompiledPass:
             y_pred, total, per_output, gradients = self._function(
                 data, batch_size, None
             )
-            summed = (total, list(zip(self._output_names(), per_output)))
+            summed = (total, per_output)
             return (y_pred, *divide_after_sum(summed, gradients, batch_size))
         with tf.control_dependencies([global_batch]):
             y_pred, loss, shares, gradients = self._function(
                 data, batch_size, global_batch
             )
             gradients, _ = sum_across_replicas(gradients)
-        shares = shares._replace(
-            per_output=list(zip(self._output_names(), shares.per_output))
-        )
         return y_pred, loss, shares, gradients
 
     def _loss_fits(self, *args):
@@ -299,11 +293,6 @@ class CompiledPass:
     def tracing_count(self):
         """How many times XLA traced the pass (0 until a step ran it)."""
         return self._function.experimental_get_tracing_count()
-
-    def _output_names(self):
-        # Output names are strings, which a compiled function cannot return.
-        terms = _keras.compile_loss_terms(_keras.compile_loss(self._model))
-        return [term[3] for term in terms]
 
     def _turn_off(self):
         with self._lock:
@@ -331,14 +320,10 @@ class CompiledPass:
             if not self._fits:
                 return y_pred, tf.zeros(()), [], []  # traced, never run
             if global_batch is None:
-                summed = loss_times_examples(model, terms, batch_size)
-                loss, parts = summed[0], [part for _, part in summed[1]]
+                loss, parts = loss_times_examples(model, terms, batch_size)
             else:
-                loss, shares = default_loss_share(
+                loss, parts = default_loss_share(
                     model, y, y_pred, sample_weight, batch_size, global_batch, terms
-                )
-                parts = shares._replace(
-                    per_output=[share for _, share in shares.per_output]
                 )
             scaled_loss = model.optimizer.scale_loss(loss) if self._training else loss
         gradients = []

@@ -26,7 +26,8 @@ class LossShares(NamedTuple):
     Attributes:
         total: share of `sum(loss_weight * output_loss)`, the value to
             differentiate (regularization not included).
-        per_output: list of `(name, share)` of each unweighted output loss.
+        per_output: list of the share of each unweighted output loss, one
+            per output with a loss, in the compiled loss's order.
         global_batch_size: number of examples in the global batch.
         local_batch_size: number of examples on this replica.
     """
@@ -46,13 +47,11 @@ class LossTerms(NamedTuple):
 
     Attributes:
         parts: One `_keras.LossParts` per output with a loss, in `dtype`.
-        names: Each of those outputs' names.
         loss_weights: Each of those outputs' `loss_weights` entry, or `None`.
         dtype: The compiled loss's dtype (Keras casts each loss to it).
     """
 
     parts: list
-    names: list
     loss_weights: list
     dtype: tf.DType
 
@@ -95,7 +94,7 @@ def compiled_loss_shares(terms, batch_size, global_batch_size=None):
         global_batch = global_batch_size
     return LossShares(
         total=_weighted_total(shares, terms.loss_weights),
-        per_output=list(zip(terms.names, shares)),
+        per_output=shares,
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
@@ -114,12 +113,12 @@ def loss_times_examples(terms):
     count, is the gradient of one device's loss.
 
     Returns:
-        `(total, per_output)`: the weighted total and `[(name, part)]`, one
-        unweighted part per output.
+        `(total, per_output)`: the weighted total and one unweighted part
+        per output with a loss.
     """
     # Shares of a global batch of 1: each sum over its elements per example.
     shares = _fixed_count_shares(terms, 1.0)
-    return _weighted_total(shares, terms.loss_weights), list(zip(terms.names, shares))
+    return _weighted_total(shares, terms.loss_weights), shares
 
 
 def _fixed_count_shares(terms, global_batch_size):
@@ -159,7 +158,7 @@ def loss_terms(compile_loss, y, y_pred, sample_weight, batch_size):
         return tf.where(has_examples, value, tf.zeros_like(value))
 
     y, y_pred = _align_structures(compile_loss, y, y_pred)
-    terms, names, loss_weights = [], [], []
+    terms, loss_weights = [], []
     for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
         weight = sample_weight
         if sample_weight is not None and tree.is_nested(sample_weight):
@@ -168,9 +167,8 @@ def loss_terms(compile_loss, y, y_pred, sample_weight, batch_size):
             loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
         )
         terms.append(term._replace(total=local(term.total), count=local(term.count)))
-        names.append(name)
         loss_weights.append(loss_weight)
-    return LossTerms(terms, names, loss_weights, dtype)
+    return LossTerms(terms, loss_weights, dtype)
 
 
 def count_only_shares(batch_size, dtype):
