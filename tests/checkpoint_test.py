@@ -78,14 +78,10 @@ def test_export_serving_signature_matches_predict(tmp_path):
     )
 
 
-def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
-    x, y = data()
-    reference = make_model("default")
-    reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
-
+def kept_backup(tmp_path, x, y, double_checkpoint):
+    """Trains 2 epochs with a backup kept after the run; returns its folder."""
     backup = tmp_path / "backup"
-    first = make_model("default")
-    first.fit(
+    make_model("default").fit(
         x,
         y,
         batch_size=8,
@@ -94,10 +90,21 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
         verbose=0,
         callbacks=[
             keras_ctl.callbacks.BackupAndRestore(
-                str(backup), double_checkpoint=True, delete_checkpoint=False
+                str(backup),
+                double_checkpoint=double_checkpoint,
+                delete_checkpoint=False,
             )
         ],
     )
+    return backup
+
+
+def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
+    x, y = data()
+    reference = make_model("default")
+    reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+
+    backup = kept_backup(tmp_path, x, y, double_checkpoint=True)
     latest = backup / "latest.weights.h5"
     assert latest.exists() and len(list(backup.iterdir())) == 4  # latest + previous
     latest.write_bytes(b"not an HDF5 file")  # a crash while writing, say
@@ -135,21 +142,8 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
 )
 def test_a_damaged_backup_says_where_and_what_to_do(tmp_path, damage, which):
     x, y = data()
-    backup = tmp_path / "backup"
     double = "latest.weights.h5.bkp" in damage
-    make_model("default").fit(
-        x,
-        y,
-        batch_size=8,
-        epochs=2,
-        shuffle=False,
-        verbose=0,
-        callbacks=[
-            keras_ctl.callbacks.BackupAndRestore(
-                str(backup), double_checkpoint=double, delete_checkpoint=False
-            )
-        ],
-    )
+    backup = kept_backup(tmp_path, x, y, double_checkpoint=double)
     for name, content in damage.items():
         (backup / name).write_bytes(content)
     kept = sorted(p.name for p in backup.iterdir())
