@@ -363,7 +363,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def make_predict_function(self, force=False):
         if self.predict_function is not None and not force:
             return self.predict_function
-        predict_batches = loop.make_predict_function(self)
+        plan = StepPlan.for_model(self, default_loss=False)
+        predict_batches = loop.make_predict_function(
+            self.distribute_strategy, self.predict_step, plan
+        )
         self._predicted_batches = 0
 
         def predict_function(batches):
@@ -399,8 +402,36 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         compiled_pass = None
         if plan.xla == "per_replica_pass":
             compiled_pass = forward.CompiledPass(self, training=training)
-        function = loop.make_step_function(self, step, plan, training=training)
+        function = loop.make_step_function(
+            self._step_parts(), step, plan, training=training
+        )
         return compiled_pass, function
+
+    def _step_parts(self):
+        def optimizers():
+            return [o for o, _ in self.optimizers_and_variables() if o is not None]
+
+        return loop.StepParts(
+            strategy=self.distribute_strategy,
+            state=self._engine,
+            optimizers=optimizers,
+            metrics=lambda: self.metrics,
+            builds_on_first_use=self._builds_state_on_first_use,
+        )
+
+    def _builds_state_on_first_use(self):
+        """Whether a multi-replica step would build state on first use: the
+        optimizers that `optimizers_and_variables()` does not list (so were
+        not built before the first step), or the compiled loss and metrics
+        (left to a step of one's own to build,
+        `_keras.SymbolicBuildFromFirstReplica`)."""
+        if self.distribute_strategy.num_replicas_in_sync == 1:
+            return False
+        compiled = (_keras.compile_loss(self), _keras.compile_metrics(self))
+        return any(
+            isinstance(value, keras.optimizers.Optimizer) and not value.built
+            for value in vars(self).values()
+        ) or any(value is not None and not value.built for value in compiled)
 
     def _update_metrics(self, x, y, y_pred, sample_weight, loss, shares):
         """Updates the loss trackers and compiled metrics on this replica."""

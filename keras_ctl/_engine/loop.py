@@ -24,7 +24,9 @@ costs one collective per metric variable. Here every output follows
 collective for all the logs.
 """
 
-import keras
+from typing import Callable
+from typing import NamedTuple
+
 import tensorflow as tf
 from keras import tree
 
@@ -36,16 +38,46 @@ from keras_ctl._engine import errors
 from keras_ctl._keras.iterators import opened
 
 
-def make_step_function(model, step, plan, training=False):
+class StepParts(NamedTuple):
+    """What a train or test function runs besides its step and plan.
+
+    The callables are read when the step is traced (or, for
+    `builds_on_first_use`, at the first call): a model's optimizers and
+    metrics can be built lazily.
+
+    Attributes:
+        strategy: The strategy the step runs under.
+        state: The model's `EngineState` (accumulation, resume plan).
+        optimizers: Returns the optimizers the step updates.
+        metrics: Returns the model's metrics, whose state the step updates.
+        builds_on_first_use: Returns whether the first step creates
+            variables (optimizers, compiled loss or metrics built on first
+            use), so it must run eagerly under several replicas.
+    """
+
+    strategy: tf.distribute.Strategy
+    state: object
+    optimizers: Callable[[], list]
+    metrics: Callable[[], list]
+    builds_on_first_use: Callable[[], bool]
+
+
+def make_step_function(parts, step, plan, training=False):
     """Returns `function(iterator) -> logs` running `step` under a strategy.
 
     Runs `plan.steps_per_execution` steps per call (fewer at the end of the
     data) and returns the logs of the last one. The train function
-    (`training`) follows the model's `ResumePlan` when it has one, and
+    (`training`) follows the state's `ResumePlan` when it has one, and
     updates the optimizers' EMA after the replicas' step.
+
+    Args:
+        parts: The `StepParts` the step runs with.
+        step: `step(data) -> outputs`, run on every replica.
+        plan: The `StepPlan`.
+        training: Whether this is the train function.
     """
-    strategy = model.distribute_strategy
-    engine = model._engine
+    strategy = parts.strategy
+    engine = parts.state
     # Workers share a preemption notice through the logs' all-reduce.
     notice = None
     if _topology.of(strategy).workers > 1:
@@ -64,8 +96,7 @@ def make_step_function(model, step, plan, training=False):
         """The step on every replica; returns each replica's own outputs."""
         if not training:
             return strategy.run(replica_step, args=(data,))
-        optimizers = [o for o, _ in model.optimizers_and_variables() if o is not None]
-        ema = _keras.EmaAfterStep(optimizers)
+        ema = _keras.EmaAfterStep(parts.optimizers())
         if engine.accumulation:
             outputs = engine.accumulation.run(
                 lambda: strategy.run(replica_step, args=(data,))
@@ -81,8 +112,9 @@ def make_step_function(model, step, plan, training=False):
         if notice is not None and isinstance(outputs, dict):
             shared = outputs_module.ReplicaSum(notice.read_value())
             outputs = {**outputs, _preemption.NOTICE_LOG: shared}
-        with tf.control_dependencies(_updates_done(model)):
-            updated = _keras.updated_metrics(model.metrics, written)
+        updates_done = [tf.identity(o.iterations) for o in parts.optimizers()]
+        with tf.control_dependencies(updates_done):
+            updated = _keras.updated_metrics(parts.metrics(), written)
             return outputs_module.all_reduce_logs(outputs, updated)
 
     @tf.autograph.experimental.do_not_convert
@@ -164,7 +196,7 @@ def make_step_function(model, step, plan, training=False):
             _preemption.before_step()
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
             run = multi_step
-            if first_call[0] and _creates_variables_on_first_use(model):
+            if first_call[0] and parts.builds_on_first_use():
                 # Optimizers, compiled losses and metrics that the step
                 # builds on first use (the keras.io GAN's optimizers, a step
                 # of one's own's compiled metrics) cannot create variables
@@ -245,29 +277,29 @@ class _ConcreteDispatch:
         return outputs
 
 
-def make_predict_function(model):
+def make_predict_function(strategy, predict_step, plan):
     """Returns `function(batches) -> outputs` for `predict()`.
 
     Keras 3.15's `predict()` passes a list of up to `steps_per_execution`
     batches. Each replica's predictions are concatenated in replica order,
     which is the order in which the global batch was split.
+
+    Args:
+        strategy: The strategy the predictions run under.
+        predict_step: `predict_step(data) -> predictions`, on every replica.
+        plan: The `StepPlan` (`run_eagerly`; XLA only as `"whole_step"`).
     """
-    strategy = model.distribute_strategy
 
     def replica_predict(data):
         # A replica without examples predicts no rows (layers that fail on
         # an empty batch run on a placeholder: `_keras.replica_step`).
         with _keras.replica_step():
-            return model.predict_step(_optionals_to_none(data))
+            return predict_step(_optionals_to_none(data))
 
     # XLA cannot place a per-replica prediction whose variables live on
     # several devices (a replica's compiled function reads another's copy),
     # so under several replicas predictions run without it.
-    if (
-        model.jit_compile
-        and not model.run_eagerly
-        and strategy.num_replicas_in_sync == 1
-    ):
+    if plan.xla == "whole_step":
         replica_predict = tf.function(
             replica_predict, jit_compile=True, reduce_retracing=True
         )
@@ -288,7 +320,7 @@ def make_predict_function(model):
                 )
         return outputs
 
-    if not model.run_eagerly:
+    if not plan.run_eagerly:
         predict_batches = tf.function(predict_batches, reduce_retracing=True)
     return predict_batches
 
@@ -307,29 +339,6 @@ def _gathers_across_replicas(since):
     first, outside the `tf.cond` that gathers the rows."""
     ops = tf.compat.v1.get_default_graph().get_operations()[since:]
     return any(op.type == "CollectiveGatherV2" for op in ops)
-
-
-def _creates_variables_on_first_use(model):
-    """Whether a multi-replica step would build state on first use: the
-    model's optimizers that `optimizers_and_variables()` does not list (so
-    were not built before the first step), or its compiled loss and metrics
-    (left to a step of one's own to build, `_keras.SymbolicBuildFromFirstReplica`)."""
-    if model.distribute_strategy.num_replicas_in_sync == 1:
-        return False
-    compiled = (_keras.compile_loss(model), _keras.compile_metrics(model))
-    return any(
-        isinstance(value, keras.optimizers.Optimizer) and not value.built
-        for value in vars(model).values()
-    ) or any(value is not None and not value.built for value in compiled)
-
-
-def _updates_done(model):
-    """Reads of each optimizer's `iterations`: after its update ran."""
-    return [
-        tf.identity(optimizer.iterations)
-        for optimizer, _ in model.optimizers_and_variables()
-        if optimizer is not None
-    ]
 
 
 def _optionals_to_none(data):
