@@ -201,36 +201,36 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             step = forward.exact_gradients(
                 self, x, y, sample_weight, batch_size, not accumulating
             )
-        y_pred, loss, shares, gradients = step
         if accumulating:
             accumulating.apply(
-                gradients, shares.global_batch_size, shares.local_batch_size
+                step.gradients,
+                step.shares.global_batch_size,
+                step.shares.local_batch_size,
             )
         else:
-            update.apply_summed(self.optimizer, gradients, self.trainable_weights)
-        return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
+            update.apply_summed(self.optimizer, step.gradients, self.trainable_weights)
+        return self._update_metrics(x, y, sample_weight, step)
 
     def test_step(self, data):
         """One exact evaluation step on this replica's part of the batch."""
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         test_pass = self._engine.test_pass
-        compiled = test_pass(data, batch_size) if test_pass else None
-        if compiled is not None:
-            y_pred, loss, shares, _ = compiled
-            return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
-        y_pred = self(x, training=False)
-        if self._uses_default_loss():
-            # Without gradients, the loss tracker can often do without the
-            # count's collective (the logs' one collective gives it exactly).
-            loss, shares = forward.evaluation_loss(
-                self, y, y_pred, sample_weight, batch_size
-            )
-        else:
-            _, loss, shares = forward.forward_and_loss(
-                self, x, y, sample_weight, batch_size, training=False, y_pred=y_pred
-            )
-        return self._update_metrics(x, y, y_pred, sample_weight, loss, shares)
+        step = test_pass(data, batch_size) if test_pass else None
+        if step is None:
+            y_pred = self(x, training=False)
+            if self._uses_default_loss():
+                # Without gradients, the loss tracker can often do without
+                # the count's collective (the logs' one collective gives it
+                # exactly).
+                step = forward.evaluation_pass(
+                    self, y, y_pred, sample_weight, batch_size
+                )
+            else:
+                step = forward.forward_and_loss(
+                    self, x, y, sample_weight, batch_size, training=False, y_pred=y_pred
+                )
+        return self._update_metrics(x, y, sample_weight, step)
 
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
@@ -433,14 +433,15 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             for value in vars(self).values()
         ) or any(value is not None and not value.built for value in compiled)
 
-    def _update_metrics(self, x, y, y_pred, sample_weight, loss, shares):
-        """Updates the loss trackers and compiled metrics on this replica."""
+    def _update_metrics(self, x, y, sample_weight, step):
+        """Updates the loss trackers and compiled metrics on this replica
+        from its `forward.Pass`, and returns the metrics' results."""
+        y_pred, shares = step.y_pred, step.shares
         # The loss tracker averages over examples like one device: each
-        # replica adds its share times the global batch, and its own count.
+        # replica adds its part of the global batch's loss sum, and its own
+        # count.
         _keras.add_to_mean(
-            _keras.loss_tracker(self),
-            loss * shares.global_batch_size,
-            shares.local_batch_size,
+            _keras.loss_tracker(self), step.loss_sum, shares.local_batch_size
         )
         compile_loss = _keras.compile_loss(self)
         if compile_loss is not None:

@@ -25,6 +25,8 @@ instead, with a warning.
 
 import threading
 import warnings
+from typing import Any
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -38,10 +40,37 @@ from keras_ctl._replicas import shares_as_they_are
 from keras_ctl._replicas import sum_across_replicas
 
 
+class Pass(NamedTuple):
+    """One replica's pass of a default step.
+
+    Attributes:
+        y_pred: The predictions.
+        loss: This replica's share of the global batch's loss (compiled
+            loss and `model.losses`), or `None` where the step did without
+            the global count (`evaluation_pass`).
+        loss_sum: This replica's part of `loss x global batch size`: what
+            the loss tracker adds, with `shares.local_batch_size` examples.
+        shares: The `LossShares`; `shares.global_batch_size` is `None`
+            where the step did without it.
+        gradients: The gradients (summed across replicas unless the caller
+            asked for this replica's share), or `None` without training.
+    """
+
+    y_pred: Any
+    loss: Any
+    loss_sum: Any
+    shares: loss_module.LossShares
+    gradients: Any = None
+
+
+def _pass(y_pred, loss, shares, gradients=None):
+    return Pass(y_pred, loss, loss * shares.global_batch_size, shares, gradients)
+
+
 def forward_and_loss(
     model, x, y, sample_weight, batch_size, *, training, y_pred=None, terms=None
 ):
-    """Returns `(y_pred, loss share, LossShares)` for one replica's batch.
+    """Returns the `Pass` (without gradients) of one replica's batch.
 
     Args:
         model: The `CTLModel`.
@@ -62,11 +91,11 @@ def forward_and_loss(
                 model, x, y, y_pred, sample_weight, training
             )
         dtype = loss.dtype if loss.dtype.is_floating else keras.config.floatx()
-        return y_pred, loss, loss_module.count_only_shares(batch_size, dtype)
+        return _pass(y_pred, loss, loss_module.count_only_shares(batch_size, dtype))
     loss, shares = default_loss_share(
         model, y, y_pred, sample_weight, batch_size, terms=terms
     )
-    return y_pred, loss, shares
+    return _pass(y_pred, loss, shares)
 
 
 def compiled_terms(model, y, y_pred, sample_weight, batch_size):
@@ -88,13 +117,13 @@ def loss_times_examples(model, terms, batch_size):
     return total + regularization * local_batch, per_output
 
 
-def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
-    """`(loss, LossShares)` for the loss tracker of `evaluate()`, without a
+def evaluation_pass(model, y, y_pred, sample_weight, batch_size):
+    """The `Pass` of `evaluate()` for predictions `y_pred`, without a
     collective where it can.
 
-    The tracker adds `loss x global_batch_size` and this replica's count;
-    for one output whose loss is foldable, `loss` is this replica's part of
-    `loss x examples` and `global_batch_size` 1, and the logs' sum across
+    The loss tracker adds `loss_sum` and this replica's count. For one
+    output whose loss is foldable, `loss_sum` is this replica's part of
+    `loss x examples`, with no global count, and the logs' sum across
     replicas makes the mean exact. Per-output losses are logged as means
     over steps, which need each step's global count.
     """
@@ -105,19 +134,19 @@ def evaluation_loss(model, y, y_pred, sample_weight, batch_size):
         or not terms.foldable
         or _keras.per_output_loss_trackers(compile_loss)
     ):
-        return default_loss_share(
+        loss, shares = default_loss_share(
             model, y, y_pred, sample_weight, batch_size, terms=terms
         )
+        return _pass(y_pred, loss, shares)
     total, _ = loss_times_examples(model, terms, batch_size)
     local_batch = tf.cast(batch_size, total.dtype)
-    return total, loss_module.LossShares(
-        total, [], tf.ones((), total.dtype), local_batch
-    )
+    shares = loss_module.LossShares(None, [], None, local_batch)
+    return Pass(y_pred, None, total, shares)
 
 
 def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
-    """Trains' forward and backward pass: `(y_pred, loss share, LossShares,
-    gradients summed across replicas)`, in one collective where it can.
+    """Trains' forward and backward pass: its `Pass`, with the gradients
+    summed across replicas, in one collective where it can.
 
     Without `sum_gradients`, the gradients are this replica's share (summed
     later, e.g. once per accumulated update)."""
@@ -136,7 +165,7 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
             summed = loss_times_examples(model, terms, batch_size)
             objective = summed[0]
         else:
-            _, loss, shares = forward_and_loss(
+            forward = forward_and_loss(
                 model,
                 x,
                 y,
@@ -146,20 +175,20 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
                 y_pred=y_pred,
                 terms=terms,
             )
-            objective = loss
+            objective = forward.loss
         scaled = model.optimizer.scale_loss(objective)
     gradients = zero_if_padded(
         _keras.gradients(tape, scaled, model.trainable_weights), batch_size
     )
     if fold:
-        return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+        return divide_after_sum(y_pred, summed, gradients, batch_size)
     if not sum_gradients:
-        return y_pred, loss, shares, gradients
+        return forward._replace(gradients=gradients)
     # The count's all-reduce first: collectives must run in one order on
     # every replica.
-    with tf.control_dependencies([shares.global_batch_size]):
+    with tf.control_dependencies([forward.shares.global_batch_size]):
         gradients, _ = sum_across_replicas(gradients)
-    return y_pred, loss, shares, gradients
+    return forward._replace(gradients=gradients)
 
 
 def zero_if_padded(gradients, batch_size):
@@ -185,8 +214,8 @@ def zero_if_padded(gradients, batch_size):
     return [zeroed(g) for g in gradients]
 
 
-def divide_after_sum(summed, gradients, batch_size):
-    """`(loss share, LossShares, gradients)` from `loss x examples` parts.
+def divide_after_sum(y_pred, summed, gradients, batch_size):
+    """The `Pass` of `y_pred` from `loss x examples` parts `summed`.
 
     The gradients and this replica's number of examples are summed in one
     all-reduce; every part is a sum over examples, so one division by the
@@ -202,7 +231,7 @@ def divide_after_sum(summed, gradients, batch_size):
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
-    return shares.total, shares, gradients
+    return Pass(y_pred, shares.total, total, shares, gradients)
 
 
 def default_loss_share(
@@ -252,9 +281,8 @@ class CompiledPass:
         self.usable = True
 
     def __call__(self, data, batch_size):
-        """Returns `(y_pred, loss, shares, gradients)` with the gradients
-        summed across replicas, or `None` when the caller must run the eager
-        step."""
+        """Returns the `Pass`, with the gradients summed across replicas, or
+        `None` when the caller must run the eager step."""
         if not self.usable:
             return None
         model = self._model
@@ -273,13 +301,13 @@ class CompiledPass:
                 data, batch_size, None
             )
             summed = (total, per_output)
-            return (y_pred, *divide_after_sum(summed, gradients, batch_size))
+            return divide_after_sum(y_pred, summed, gradients, batch_size)
         with tf.control_dependencies([global_batch]):
             y_pred, loss, shares, gradients = self._function(
                 data, batch_size, global_batch
             )
             gradients, _ = sum_across_replicas(gradients)
-        return y_pred, loss, shares, gradients
+        return _pass(y_pred, loss, shares, gradients)
 
     def _loss_fits(self, *args):
         """Whether the loss fits the pass for `args`, from its trace

@@ -25,10 +25,12 @@ class LossShares(NamedTuple):
 
     Attributes:
         total: share of `sum(loss_weight * output_loss)`, the value to
-            differentiate (regularization not included).
+            differentiate (regularization not included), or `None` where a
+            step did without the global count.
         per_output: list of the share of each unweighted output loss, one
             per output with a loss, in the compiled loss's order.
-        global_batch_size: number of examples in the global batch.
+        global_batch_size: number of examples in the global batch, or
+            `None` where a step did without it.
         local_batch_size: number of examples on this replica.
     """
 
