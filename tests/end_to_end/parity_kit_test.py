@@ -11,8 +11,6 @@ import tensorflow as tf
 import keras_ctl
 from keras_ctl.testing import assert_replica_invariant
 
-pytestmark = pytest.mark.slow
-
 
 def data():
     rng = np.random.default_rng(0)

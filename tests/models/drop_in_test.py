@@ -11,10 +11,8 @@ import devices
 import keras
 import numpy as np
 import pytest
+import reported
 import tensorflow as tf
-from children import PYTHON
-from children import output
-from children import run
 
 import keras_ctl
 from keras_ctl import CTLModel
@@ -89,28 +87,6 @@ def test_copies_of_a_functional_model(how):
     np.testing.assert_array_equal(copied.predict(x, verbose=0), model(x))
 
 
-PICKLE_CHILD = """
-import pickle, sys
-import keras, numpy as np
-import keras_ctl
-inputs = keras.Input((3,))
-model = keras_ctl.CTLModel(inputs, keras.layers.Dense(2)(inputs))
-x = np.ones((2, 3), "float32")
-loaded = pickle.loads(pickle.dumps(model))
-print(type(loaded).__name__, float(np.abs(loaded(x) - model(x)).max()))
-"""
-
-
-@pytest.mark.slow
-def test_pickle_in_a_fresh_process():
-    # In a fresh process the functional CTLModel is a class made at run
-    # time: pickle must not look it up by name.
-    result = run([PYTHON, "-c", PICKLE_CHILD], timeout=120)
-    assert result.returncode == 0, output(result)
-    name, difference = result.stdout.split()[-2:]
-    assert name == "CTLModel" and float(difference) == 0.0
-
-
 def test_a_subclass_overriding_compile_loads_as_keras_says(tmp_path):
     class OwnCompile(CTLModel):
         def compile(self, *args, **kwargs):
@@ -126,91 +102,15 @@ def test_a_subclass_overriding_compile_loads_as_keras_says(tmp_path):
     assert any("compile()` was not called" in str(w.message) for w in caught)
 
 
-# Configurations of `tests/configurations.py`, each one a failure the
-# drop-in issue reported (before: crash, NaN or drift).
-REPORTED = {
-    # Keras divides by the mask's sum: was 2.6e-2 off, on one device too.
-    "ignore_class": {
-        "loss": "sparse_ce_ignore",
-        "reduction": "mean_with_sample_weight",
-    },
-    # A fully masked placeholder example: was NaN.
-    "masked_empty_replica": {"kind": "masked_embedding", "size": 17},
-    # Sparse gradient rows with an empty replica: was an index error.
-    "adadelta_embedding": {
-        "kind": "masked_embedding",
-        "size": 17,
-        "optimizer": "adadelta",
-    },
-    # Sparse gradient rows that change within one execution (8, 8, 1
-    # examples in 3 steps, clipped as Keras clips the rows): was "Shape
-    # mismatch in the collective instance" (generated seed 206).
-    "sparse_rows_in_an_execution": {
-        "kind": "masked_embedding",
-        "size": 17,
-        "steps_per_execution": 3,
-        "dataset": True,
-        "optimizer": "sgd",
-        "options": {"clipnorm": 0.05},
-    },
-    # Unweighted scalar losses (one value per batch).
-    "scalar_loss": {"loss": "scalar_loss", "size": 17},
-    # SGD: Adam turns XLA's float64 round-off in near-zero gradients into
-    # steps of 1e-8.
-    "lstm_empty_replica": {
-        "kind": "rnn",
-        "size": 17,
-        "jit_compile": True,
-        "optimizer": "sgd",
-    },
-}
-
-BASE = {
-    "seed": 5,
-    "kind": "mlp",
-    "task": "classification",
-    "loss": "sparse_ce",
-    "reduction": "sum_over_batch_size",
-    "weights": "none",
-    "metrics": True,
-    "optimizer": "adam",
-    "options": {},
-    "steps_per_execution": 1,
-    "jit_compile": False,
-    "dataset": False,
-    "size": 25,
-    "validation": True,
-}
-
-
-# XLA-compiling an LSTM takes the fast tier's budget: slow tier.
-SLOW = {"lstm_empty_replica"}
-
-
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(case, marks=[pytest.mark.slow] if case in SLOW else [])
-        for case in sorted(REPORTED)
-    ],
-)
+@pytest.mark.parametrize("case", sorted(set(reported.REPORTED) - reported.SLOW))
 def test_reported_configurations_equal_keras(case, strategy):
-    config = {**BASE, **REPORTED[case]}
-    # Keras 3.15's `ignore_class` fails in float64 (a float32 mask).
-    floatx = "float32" if case == "ignore_class" else "float64"
-    expected = configurations.run(config, keras.Model, floatx=floatx)
-    actual = configurations.run(config, CTLModel, devices.get(strategy), floatx=floatx)
-    found = configurations.differences(expected, actual)
-    # One device: Keras's own arithmetic; two replicas: round-off only.
-    tolerance = 1e-12 if strategy == "default" else 1e-9
-    if floatx == "float32":
-        tolerance = 1e-5
-    assert max(found.values()) <= tolerance, (found, config)
+    largest, tolerance = reported.difference(case, strategy)
+    assert largest <= tolerance
 
 
 def test_a_weighted_scalar_loss_is_refused_under_replicas():
-    config = {**BASE, "loss": "scalar_loss", "weights": "sample"}
+    config = {**reported.BASE, "loss": "scalar_loss", "weights": "sample"}
     # One device: Keras's semantics (the value times the mean weight).
     found = configurations.differences(
         configurations.run(config, keras.Model), configurations.run(config, CTLModel)
@@ -230,7 +130,7 @@ def test_predict_after_jit_compile_under_replicas():
 
 
 def test_float64_default_step_equals_keras_to_round_off():
-    config = {**BASE, "options": {"clipnorm": 0.05}, "weights": "class"}
+    config = {**reported.BASE, "options": {"clipnorm": 0.05}, "weights": "class"}
     previous = keras.config.floatx()
     expected = configurations.run(config, keras.Model, floatx="float64")
     actual = configurations.run(config, CTLModel, floatx="float64")

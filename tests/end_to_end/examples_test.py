@@ -4,9 +4,6 @@ import json
 import os
 
 import children
-import pytest
-
-pytestmark = pytest.mark.slow
 
 
 def run_example(script, *args, timeout=300):

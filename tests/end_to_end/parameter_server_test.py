@@ -9,10 +9,8 @@ import cases
 import children
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 
-pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
 ATOL = 1e-5
 

@@ -7,8 +7,6 @@ import os
 import children
 import pytest
 
-pytestmark = pytest.mark.slow
-
 
 def keras_ctl(*args, timeout=300, env=None):
     return children.run([children.KERAS_CTL, *args], timeout=timeout, env=env)

@@ -59,6 +59,22 @@ def train(name, base, strategy, parity=True):
     return importlib.import_module(f"keras_io.{name}").train(base, strategy, parity)
 
 
+def difference_on_2_replicas(name):
+    """`(largest difference, update counts equal)` of example `name` in
+    float64, `keras.Model` on one device against CTLModel on 2 replicas."""
+    import configurations
+    import devices
+
+    import keras_ctl
+
+    with configurations.computing_in("float64"):
+        expected = train(name, keras.Model, devices.get("default"))
+        got = train(name, keras_ctl.CTLModel, devices.get("mirrored"))
+    return largest_difference(expected, got), got["iterations"] == expected[
+        "iterations"
+    ]
+
+
 def largest_difference(expected, got):
     """The largest relative difference of weights and history values."""
     pairs = list(zip(got["weights"], expected["weights"], strict=True))

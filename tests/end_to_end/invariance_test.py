@@ -7,7 +7,6 @@ Mirrored runs happen in child processes, one per replica count.
 """
 
 import json
-import os
 
 import cases
 import children
@@ -16,10 +15,7 @@ import keras
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
-
 TOLERANCE = 1e-5
-HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD_TIMEOUT_S = 900
 
 

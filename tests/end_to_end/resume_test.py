@@ -11,7 +11,6 @@ import pytest
 
 from keras_ctl.callbacks import SAVED_ON_NOTICE
 
-pytestmark = pytest.mark.slow
 TIMEOUT_S = 300
 
 

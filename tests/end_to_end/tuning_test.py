@@ -15,10 +15,6 @@ import tensorflow as tf
 
 import keras_ctl
 
-pytestmark = pytest.mark.slow
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 def classifier_data(n=120):
     rng = np.random.default_rng(0)

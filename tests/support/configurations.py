@@ -11,7 +11,7 @@ returns weights, `history`, `evaluate()` and `predict()` as float64 arrays.
 Reproduce one configuration from the command line (one device and two
 replicas, float64):
 
-    python tests/configurations.py SEED
+    python tests/support/configurations.py SEED
 
 or check a range of seeds under R replicas: `--replicas R --seeds A:B`.
 """

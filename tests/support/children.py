@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 PYTHON = sys.executable
 KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
 

@@ -2,7 +2,6 @@
 127.0.0.1, started by `python -m keras_ctl.launch`, equal to one device."""
 
 import json
-import os
 import time
 
 import cases
@@ -11,9 +10,6 @@ import keras
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 NAMES = [
     "uneven",
     "uneven_spe4",

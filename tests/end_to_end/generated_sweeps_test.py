@@ -1,0 +1,46 @@
+"""200 generated configurations equal `keras.Model` on one device (see
+`tests/models/differential_test.py`): 100 seeds on one device and 2
+replicas, 100 on 3 replicas, in two child processes.
+"""
+
+import json
+
+import children
+
+# (replicas, seeds, also on one device).
+SWEEPS = ((2, "3:103", True), (3, "103:203", False))
+SWEEP_TIMEOUT_S = 1800
+
+
+def test_200_generated_configurations_equal_keras():
+    running = []
+    for replicas, seeds, one_device in SWEEPS:
+        command = [
+            children.PYTHON,
+            "configurations.py",
+            "--replicas",
+            replicas,
+            "--seeds",
+            seeds,
+        ]
+        running.append(
+            children.start(command + ([] if one_device else ["--no-one-device"]))
+        )
+    try:
+        finished = [children.finish(p, SWEEP_TIMEOUT_S) for p in running]
+    finally:
+        for process in running:
+            children.stop(process)
+    checked = 0
+    for result in finished:
+        assert result.returncode == 0, children.output(result)
+        lines = [json.loads(line) for line in result.stdout.splitlines() if line]
+        failures = [line for line in lines if "seed" in line]
+        assert not failures, "\n".join(
+            f"{f['where']}: {f['found']}\nreproduce: python "
+            f"tests/support/configurations.py {f['seed']}"
+            for f in failures
+        )
+        checked += lines[-1]["checked"]
+    # 100 seeds on one device and 2 replicas, 100 on 3 replicas.
+    assert checked == 300

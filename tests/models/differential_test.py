@@ -1,0 +1,36 @@
+"""Generated configurations: CTLModel equals `keras.Model` on one device.
+
+Each seed draws a configuration nobody here chose (`configurations.draw`):
+model kind, loss and reduction, sample or class weights, metrics, optimizer
+and its options, `steps_per_execution`, `jit_compile`, arrays or `tf.data`,
+a dataset size that leaves uneven or empty replicas, validation data. In
+float64, CTLModel on one device equals keras.Model to 1e-12 and under
+several replicas to 1e-9 (relative). A failure prints its configuration and
+`python tests/support/configurations.py SEED` reproduces it. Here a fixed
+sample; `tests/end_to_end/generated_sweeps_test.py` 200 more seeds;
+`bash .ci/differential` 200 others.
+"""
+
+import configurations
+import devices
+import pytest
+
+# The fast tier's fixed sample (about 30 s on 2 cores).
+FAST_SEEDS = range(3)
+
+
+@pytest.mark.parametrize("seed", FAST_SEEDS)
+def test_a_generated_configuration_equals_keras(seed):
+    config = configurations.draw(seed)
+    tolerances = {
+        "default": configurations.ONE_DEVICE_TOLERANCE,
+        "mirrored": configurations.REPLICAS_TOLERANCE,
+    }
+    for name, tolerance in tolerances.items():
+        passed, found = configurations.check(
+            config, devices.get(name), tolerance=tolerance
+        )
+        assert passed, (
+            f"{name}: {found}\n{configurations.describe(config)}\n"
+            f"reproduce: python tests/support/configurations.py {seed}"
+        )
