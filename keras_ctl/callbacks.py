@@ -5,6 +5,7 @@ import os
 import shutil
 import warnings
 
+import h5py
 import keras
 
 from keras_ctl import _keras
@@ -18,6 +19,8 @@ from keras_ctl.model import CTLModel
 _WEIGHTS = "latest.weights.h5"
 _METADATA = "training_metadata.json"
 _PREVIOUS = ".bkp"  # suffix of the previous backup's files (Keras's names)
+# The attribute of the weights file that holds the backup's metadata.
+_METADATA_ATTRIBUTE = "keras_ctl_training_metadata"
 
 SAVED_ON_NOTICE = _preemption.SAVED_ON_NOTICE
 # Seconds between a signal and the end of the step that saves on it; past
@@ -58,10 +61,14 @@ class BackupAndRestore(keras.callbacks.Callback):
       signal would have ended it. Under several workers, send the signal
       to every worker (`keras-ctl launch` forwards it): the chief's backup
       is the one that counts.
-    - **Safe writes.** Weights are written to a temporary file and renamed,
-      so a crash while saving leaves the last backup whole. With
-      `double_checkpoint=True`, a backup that cannot be read is replaced by
-      the previous one, with a warning that names both.
+    - **Crash-consistent writes.** A backup's position (epoch, batches
+      done) is written inside its weights file, which is written under a
+      temporary name and renamed: one rename commits weights and position
+      together, so a process killed at any point leaves the last backup
+      whole and never pairs new weights with an old position. The
+      `training_metadata.json` beside it is a copy, for readers of Keras's
+      layout. With `double_checkpoint=True`, a backup that cannot be read
+      is replaced by the previous one, with a warning that names both.
 
     Args:
         backup_dir: Folder for the backup (shared by the workers).
@@ -151,7 +158,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
             for name in (_WEIGHTS, _METADATA):
                 if os.path.exists(self._path(name, previous=True)):
-                    shutil.copy(self._path(name, previous=True), self._path(name))
+                    _copy_whole(self._path(name, previous=True), self._path(name))
             try:
                 self._restore()
             except (OSError, ValueError) as second:
@@ -180,18 +187,26 @@ class BackupAndRestore(keras.callbacks.Callback):
             )
         _build_optimizers(self.model)
         self.model.load_weights(self._path(_WEIGHTS))
-        if not os.path.exists(self._path(_METADATA)):
-            return
-        with open(self._path(_METADATA)) as f:
-            metadata = json.load(f)
+        metadata = _metadata_inside(self._path(_WEIGHTS))
+        if metadata is None:
+            # A backup of Keras's own callback: its position is beside it.
+            if not os.path.exists(self._path(_METADATA)):
+                return
+            with open(self._path(_METADATA)) as f:
+                metadata = json.load(f)
         self._epoch = metadata["epoch"]
-        _keras.set_initial_epoch(self.model, self._epoch)
         self._skipped = metadata.get("batches_done", 0)
+        steps = self.params.get("steps") if self.params else None
+        if steps and self._skipped >= steps:
+            # Killed after the backup of an epoch's last batch, before the
+            # epoch's end: the next epoch starts (an epoch of no batch
+            # would have no metric results, and fail).
+            self._epoch, self._skipped = self._epoch + 1, 0
+        _keras.set_initial_epoch(self.model, self._epoch)
         accumulation = _engine_of(self.model).accumulation
         if accumulation is not None:
             accumulation.load_from_optimizer(metadata.get("accumulated_examples", 0))
         if self._skipped and isinstance(self.model, CTLModel):
-            steps = self.params.get("steps") if self.params else None
             self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -256,13 +271,16 @@ class BackupAndRestore(keras.callbacks.Callback):
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             return
+        # Weights and position in one file, written, then renamed: a crash
+        # at any point leaves the last backup whole.
+        temporary = self._path("saving.weights.h5")
+        self.model.save_weights(temporary)
+        with h5py.File(temporary, "a") as f:
+            f.attrs[_METADATA_ATTRIBUTE] = json.dumps(metadata)
         if self.double_checkpoint:
             for name in (_WEIGHTS, _METADATA):
                 if os.path.exists(self._path(name)):
-                    shutil.copy(self._path(name), self._path(name, previous=True))
-        # Write, then rename: a crash while writing leaves the last backup.
-        temporary = self._path("saving.weights.h5")
-        self.model.save_weights(temporary)
+                    _copy_whole(self._path(name), self._path(name, previous=True))
         os.replace(temporary, self._path(_WEIGHTS))
         with open(self._path(_METADATA) + ".saving", "w") as f:
             json.dump(metadata, f)
@@ -275,6 +293,22 @@ class BackupAndRestore(keras.callbacks.Callback):
         chief = strategies.is_chief(self.model.distribute_strategy)
         if self.delete_checkpoint and chief:
             shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+
+def _metadata_inside(weights_path):
+    """The position saved inside a backup's weights file, or `None` for a
+    file written without one (by Keras's own callback)."""
+    with h5py.File(weights_path, "r") as f:
+        stamped = f.attrs.get(_METADATA_ATTRIBUTE)
+    return None if stamped is None else json.loads(stamped)
+
+
+def _copy_whole(source, target):
+    """Copies `source` to `target` through a temporary name: `target` is
+    the old file or the new one, whole, at every moment."""
+    temporary = target + ".saving"
+    shutil.copy(source, temporary)
+    os.replace(temporary, target)
 
 
 def _build_optimizers(model):

@@ -17,7 +17,7 @@ def data(n=53):
     return x, (x.sum(axis=1) > 2.5).astype("int32")
 
 
-def make_model(kind, seed=1):
+def make_model(kind, seed=1, metrics=None):
     keras.utils.set_random_seed(seed)
     with devices.get(kind).scope():
         inputs = keras.Input((5,))
@@ -26,6 +26,7 @@ def make_model(kind, seed=1):
         model.compile(
             optimizer=keras.optimizers.Adam(1e-2),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=metrics,
         )
     return model
 
@@ -78,9 +79,11 @@ def test_export_serving_signature_matches_predict(tmp_path):
     )
 
 
-def kept_backup(tmp_path, x, y, double_checkpoint):
-    """Trains 2 epochs with a backup kept after the run; returns its folder."""
+def kept_backup(tmp_path, x, y, double_checkpoint, callback=None):
+    """Trains 2 epochs with a backup kept after the run (by `callback`,
+    keras_ctl's by default); returns its folder."""
     backup = tmp_path / "backup"
+    callback = callback or keras_ctl.callbacks.BackupAndRestore
     make_model("default").fit(
         x,
         y,
@@ -89,7 +92,7 @@ def kept_backup(tmp_path, x, y, double_checkpoint):
         shuffle=False,
         verbose=0,
         callbacks=[
-            keras_ctl.callbacks.BackupAndRestore(
+            callback(
                 str(backup),
                 double_checkpoint=double_checkpoint,
                 delete_checkpoint=False,
@@ -128,22 +131,91 @@ def test_corrupted_latest_backup_falls_back_to_the_previous_one(tmp_path):
     assert not backup.exists()  # deleted after a successful run
 
 
+def test_a_backup_after_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path):
+    # 53 examples in batches of 8: 7 batches an epoch. A backup every 7
+    # batches is taken after each epoch's last batch, before the epoch
+    # ends: a restart there ran an epoch of no batch, which failed with a
+    # compiled metric ("Cannot get result() since the metric has not yet
+    # been built").
+    x, y = data()
+    reference = make_model("default")
+    reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    backup = str(tmp_path / "backup")
+
+    def fit(model, epochs):
+        callback = keras_ctl.callbacks.BackupAndRestore(
+            backup, save_freq=7, delete_checkpoint=False
+        )
+        return model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=epochs,
+            shuffle=False,
+            verbose=0,
+            callbacks=[callback],
+        )
+
+    fit(make_model("default", metrics=["accuracy"]), epochs=2)
+    resumed = make_model("default", metrics=["accuracy"])
+    history = fit(resumed, epochs=3)
+    assert len(history.history["loss"]) == 1  # epoch 3 only
+    for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("stale", [b"", b'{"epoch": 0, "batches_done": 3}'])
+def test_the_position_is_read_from_the_weights_file(tmp_path, stale):
+    # One rename commits weights and position: the json beside them is a
+    # copy, so a stale or torn one (a kill between two renames, before)
+    # changes nothing.
+    x, y = data()
+    reference = make_model("default")
+    reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0)
+    backup = kept_backup(tmp_path, x, y, double_checkpoint=False)
+    assert sorted(p.name for p in backup.iterdir()) == [
+        "latest.weights.h5",
+        "training_metadata.json",
+    ]
+    (backup / "training_metadata.json").write_bytes(stale)
+
+    resumed = make_model("default")
+    history = resumed.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=3,
+        shuffle=False,
+        verbose=0,
+        callbacks=[keras_ctl.callbacks.BackupAndRestore(str(backup))],
+    )
+    assert len(history.history["loss"]) == 1  # epoch 3 only
+    for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize(
-    "damage, which",
+    "damage, which, writer",
     [
-        ({"latest.weights.h5": b"torn"}, "the backup"),
-        ({"training_metadata.json": b""}, "the backup"),
+        ({"latest.weights.h5": b"torn"}, "the backup", "keras_ctl"),
+        # Keras's own callback keeps the position beside the weights only.
+        ({"training_metadata.json": b""}, "the backup", "keras"),
         (
             {"latest.weights.h5": b"torn", "latest.weights.h5.bkp": b"torn"},
             "both the latest and the previous backup",
+            "keras_ctl",
         ),
     ],
-    ids=["weights", "metadata", "every_copy"],
+    ids=["weights", "keras_metadata", "every_copy"],
 )
-def test_a_damaged_backup_says_where_and_what_to_do(tmp_path, damage, which):
+def test_a_damaged_backup_says_where_and_what_to_do(tmp_path, damage, which, writer):
     x, y = data()
     double = "latest.weights.h5.bkp" in damage
-    backup = kept_backup(tmp_path, x, y, double_checkpoint=double)
+    callback = {
+        "keras_ctl": keras_ctl.callbacks.BackupAndRestore,
+        "keras": keras.callbacks.BackupAndRestore,
+    }[writer]
+    backup = kept_backup(tmp_path, x, y, double_checkpoint=double, callback=callback)
     for name, content in damage.items():
         (backup / name).write_bytes(content)
     kept = sorted(p.name for p in backup.iterdir())

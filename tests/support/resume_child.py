@@ -12,7 +12,9 @@ signal (SIGTERM instead of SIGKILL at `kill`), signal_worker (the one
 worker that kills itself), signal_in_save (n: the n-th backup write gets
 two SIGTERMs as it starts, once), progress (a file worker 0 writes at
 `kill` instead of killing: the test then signals the job from outside),
-accumulation ({"steps": k, "mode": ...}: gradient accumulation).
+accumulation ({"steps": k, "mode": ...}: gradient accumulation), epochs
+(default 3), started (a file written when this process's first batch ends:
+a parent may then kill the run at any moment of its training).
 """
 
 import json
@@ -40,7 +42,7 @@ import tensorflow as tf  # noqa: E402
 import keras_ctl  # noqa: E402
 
 strategy = strategy or tf.distribute.get_strategy()
-EPOCHS = 3
+EPOCHS = config.get("epochs", 3)
 
 
 class KillOnce(keras.callbacks.Callback):
@@ -77,6 +79,14 @@ def kill(marker, sig, times=1):
         f.write(str(time.time()))
     for _ in range(times):
         os.kill(os.getpid(), sig)
+
+
+class Started(keras.callbacks.Callback):
+    """Writes `config["started"]` when this process's first batch ends."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not os.path.exists(config["started"]):
+            open(config["started"], "w").close()
 
 
 class CountBatches(keras.callbacks.Callback):
@@ -134,6 +144,8 @@ if config["kill"]:
         callbacks.insert(0, killer)  # the backup callback sees it at this batch
     else:
         callbacks.append(killer)  # batch -1: after the epoch's backup
+if config.get("started"):
+    callbacks.append(Started())
 if config.get("signal_in_save"):
     signal_in_save(model, config["signal_in_save"], config["marker"])
 model.fit(

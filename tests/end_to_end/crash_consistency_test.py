@@ -1,0 +1,13 @@
+"""A run SIGKILLed at random moments, restarted from its backup each time
+(a backup after every batch), ends with the uninterrupted run's weights.
+`.ci/crash_consistency` makes 50 kills; here a few."""
+
+import kill_chain
+
+KILLS = 5
+
+
+def test_random_kills_resume_to_the_uninterrupted_result(tmp_path):
+    found = kill_chain.chain(tmp_path, KILLS, seed=1)
+    assert found["kills"] == KILLS
+    assert found["largest_difference"] <= 1e-6, found
