@@ -8,6 +8,7 @@ import warnings
 import h5py
 import keras
 
+from keras_ctl import _chief_writes
 from keras_ctl import _keras
 from keras_ctl import _preemption
 from keras_ctl import strategies
@@ -47,9 +48,11 @@ class BackupAndRestore(keras.callbacks.Callback):
       latent random stream.
     - **Multi-worker.** Under `MultiWorkerMirroredStrategy` every worker
       saves (as TensorFlow requires), but only the chief writes to
-      `backup_dir`; the others write to a temporary sibling folder
-      (`keras_ctl.strategies.write_path`) and delete it. All workers restore
-      from `backup_dir`, which must be shared storage on real clusters.
+      `backup_dir`; the others write into a private temporary folder and
+      delete it. All workers restore from `backup_dir`, which must be
+      shared storage on real clusters. A `keras.callbacks.BackupAndRestore`
+      passed to `CTLModel.fit` under several workers is replaced by this
+      callback, with the same arguments.
     - **Save on notice.** A preempted machine gets SIGTERM, then SIGKILL
       after a grace period. While `fit()` runs, SIGTERM (and SIGINT if
       listed in `save_on_signals`) lets the step in flight finish, writes a
@@ -253,9 +256,6 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _save(self):
         self._since_save = 0
         strategy = self.model.distribute_strategy
-        folder = strategies.write_path(self.backup_dir, strategy)
-        # Other workers may create the folder at the same moment.
-        os.makedirs(folder, exist_ok=True)
         if strategies.is_parameter_server(strategy):
             # Steps in flight on the workers would change what is saved.
             parameter_servers.coordinator(strategy).join()
@@ -266,11 +266,10 @@ class BackupAndRestore(keras.callbacks.Callback):
             metadata["accumulated_examples"] = accumulation.save_into_optimizer()
         if not strategies.is_chief(strategy):
             # Every worker takes part in saving; only the chief's files stay.
-            try:
-                self.model.save_weights(os.path.join(folder, _WEIGHTS))
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
+            with _chief_writes.path_for_this_worker(_WEIGHTS, strategy) as path:
+                self.model.save_weights(path)
             return
+        os.makedirs(self.backup_dir, exist_ok=True)
         # Weights and position in one file, written, then renamed: a crash
         # at any point leaves the last backup whole.
         temporary = self._path("saving.weights.h5")

@@ -6,6 +6,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _checks
+from keras_ctl import _chief_writes
 from keras_ctl import _conversion
 from keras_ctl import _keras
 from keras_ctl import _topology
@@ -300,10 +301,38 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         validation_data = kwargs.get("validation_data")
         if isinstance(validation_data, tuple) and len(validation_data) > 1:
             _checks.numeric_labels(validation_data[1], "validation_data")
-        if strategies.is_parameter_server(self.distribute_strategy):
+        strategy = self.distribute_strategy
+        if strategies.is_parameter_server(strategy):
             return parameter_servers.fit(self, x, y, *args, **kwargs)
         _checks.made_in_scope(self, _keras.strategy_created_under(self))
-        return super().fit(x, y, *args, **kwargs)
+        # Under several workers only the chief writes the user's files and,
+        # unless `verbose` is given, prints the progress bar.
+        if _chief_writes.writes_aside(strategy) and len(args) < 3:
+            kwargs.setdefault("verbose", 0)
+        callbacks = kwargs.get("callbacks")
+        if callbacks is not None:
+            kwargs["callbacks"] = _chief_writes.with_chief_only_backups(
+                callbacks, strategy
+            )
+        with _chief_writes.callbacks_write_aside(callbacks, strategy):
+            return super().fit(x, y, *args, **kwargs)
+
+    def save(self, filepath, *args, **kwargs):
+        """`keras.Model.save`; under several workers every worker saves
+        and only the chief's file stays at `filepath` (the others write
+        theirs into a temporary folder, removed after)."""
+        with _chief_writes.path_for_this_worker(
+            filepath, self.distribute_strategy
+        ) as path:
+            return super().save(path, *args, **kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.save_weights`, writing as `save()` does under
+        several workers."""
+        with _chief_writes.path_for_this_worker(
+            filepath, self.distribute_strategy
+        ) as path:
+            return super().save_weights(path, *args, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         _checks.numeric_labels(y)
