@@ -38,10 +38,14 @@ class BackupAndRestore(keras.callbacks.Callback):
     - **Mid-epoch resume.** With `save_freq=N`, a restarted `fit()` of a
       `keras_ctl.CTLModel` skips the batches the killed run had already
       trained on, so it ends with the weights of an uninterrupted run
-      (Keras restarts the epoch instead). Limits: the data must come in the
-      same order on restart (`shuffle=False`, or a `tf.data` pipeline with a
-      fixed shuffle seed); metrics of the resumed epoch average only the
-      batches trained after the restart.
+      (Keras restarts the epoch instead). Arrays (shuffled or not) and
+      `tf.data` pipelines whose `shuffle()` draws from the global seed
+      (`keras.utils.set_random_seed`) or a seed of its own resume in the
+      order of the uninterrupted run: the epochs trained before the backup
+      are replayed through the pipeline's shuffle before the first epoch.
+      Limits: other data (a Python generator, a `PyDataset`) must come in
+      the same order on restart; metrics of the resumed epoch average only
+      the batches trained after the restart.
     - **Every optimizer.** Each optimizer the model lists in
       `optimizers_and_variables()` (both of a `keras_ctl.GAN`) is built
       before a backup loads, so its state is restored too, with a GAN's
@@ -209,8 +213,10 @@ class BackupAndRestore(keras.callbacks.Callback):
         accumulation = _engine_of(self.model).accumulation
         if accumulation is not None:
             accumulation.load_from_optimizer(metadata.get("accumulated_examples", 0))
-        if self._skipped and isinstance(self.model, CTLModel):
-            self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
+        if isinstance(self.model, CTLModel):
+            self.model._engine.epochs_to_replay = self._epoch
+            if self._skipped:
+                self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch

@@ -36,6 +36,7 @@ from keras_ctl import _topology
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import errors
 from keras_ctl._keras.iterators import opened
+from keras_ctl._keras.iterators import replay_epochs
 
 
 class StepParts(NamedTuple):
@@ -185,6 +186,9 @@ def make_step_function(parts, step, plan, training=False):
     first_call = [True]
 
     def call(iterator):
+        if training and engine.epochs_to_replay:
+            replay_epochs(iterator, engine.epochs_to_replay)
+            engine.epochs_to_replay = 0
         iterator = opened(iterator)
         resume = engine.resume_plan if training else None
         if resume is not None:

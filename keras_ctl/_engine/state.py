@@ -17,6 +17,9 @@ class EngineState:
         resume_plan: The batches of a resumed epoch to skip (`ResumePlan`),
             set when a mid-epoch backup is restored and cleared when that
             epoch is over, or `None`.
+        epochs_to_replay: Epochs of data a resumed run opens and drops
+            before its first epoch (`_keras.replay_epochs`), set when a
+            backup is restored: the epochs trained before it.
         train_pass: Each replica's XLA-compiled training pass
             (`forward.CompiledPass`), when the step plan uses one.
         test_pass: The same for evaluation.
@@ -24,5 +27,6 @@ class EngineState:
 
     accumulation: object = None
     resume_plan: object = None
+    epochs_to_replay: int = 0
     train_pass: object = None
     test_pass: object = None

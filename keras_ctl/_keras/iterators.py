@@ -44,3 +44,16 @@ class DeferredIterator:
 def opened(iterator):
     """`iterator`, or the real iterator behind a deferred one."""
     return iterator.opened() if isinstance(iterator, DeferredIterator) else iterator
+
+
+def replay_epochs(iterator, epochs):
+    """Opens and drops `epochs` iterators of the data behind `iterator`, a
+    deferred iterator not opened yet, as that many epochs of an
+    uninterrupted run did: a pipeline that reshuffles each epoch (a
+    `shuffle()` without a seed of its own, under a global seed) then gives
+    the next epoch the order it had in that run. Its shuffle's seeds come
+    from a generator that each new iterator draws from, on every copy of
+    the dataset the strategy distributes."""
+    if isinstance(iterator, DeferredIterator) and iterator._iterator is None:
+        for _ in range(epochs):
+            iter(iterator._dataset)

@@ -29,12 +29,15 @@ class SymbolicBuildFromFirstReplica:
     """
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        if iterator is not None:
+            # On one device too: a resumed run replays epochs of its data
+            # before it opens the first (`iterators.replay_epochs`).
+            _defer_iterators(iterator)
         if self._distribute_strategy is None or not _callable_model(self):
             # Keras builds when the step is traced (a model without `call`,
             # like the keras.io guide's GAN, can only be built so).
             return
         strategy = self.distribute_strategy
-        epoch_iterator = iterator
         if iterator is not None and data_batch is None:
             data_batch = _batch_spec(iterator)
             if data_batch is None:
@@ -51,8 +54,6 @@ class SymbolicBuildFromFirstReplica:
                     "batch (an empty array or dataset, or `steps` past its "
                     "end). Pass data with examples, or build the model first."
                 ) from None
-        if epoch_iterator is not None:
-            _defer_iterators(epoch_iterator)
 
 
 @contextlib.contextmanager

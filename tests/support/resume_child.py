@@ -12,7 +12,9 @@ signal (SIGTERM instead of SIGKILL at `kill`), signal_worker (the one
 worker that kills itself), signal_in_save (n: the n-th backup write gets
 two SIGTERMs as it starts, once), progress (a file worker 0 writes at
 `kill` instead of killing: the test then signals the job from outside),
-accumulation ({"steps": k, "mode": ...}: gradient accumulation), epochs
+accumulation ({"steps": k, "mode": ...}: gradient accumulation), shuffle
+("arrays": Keras's `shuffle=True`; "dataset": a `tf.data` pipeline with
+`shuffle(256)` and no seed of its own; default: no shuffling), epochs
 (default 3), started (a file written when this process's first batch ends:
 a parent may then kill the run at any moment of its training).
 """
@@ -148,8 +150,17 @@ if config.get("started"):
     callbacks.append(Started())
 if config.get("signal_in_save"):
     signal_in_save(model, config["signal_in_save"], config["marker"])
+shuffle = config.get("shuffle")
+if shuffle == "dataset":
+    pairs = tf.data.Dataset.from_tensor_slices((data["x"], data["y"]))
+    data = {"x": pairs.shuffle(256).batch(32)}
 model.fit(
-    **data, batch_size=32, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks
+    **data,
+    **({} if shuffle == "dataset" else {"batch_size": 32}),
+    epochs=EPOCHS,
+    shuffle=shuffle == "arrays",
+    verbose=0,
+    callbacks=callbacks,
 )
 
 index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"][
