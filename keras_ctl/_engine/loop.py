@@ -186,9 +186,9 @@ def make_step_function(parts, step, plan, training=False):
     first_call = [True]
 
     def call(iterator):
-        if training and engine.epochs_to_replay:
+        if training and engine.epochs_to_replay is not None:
             replay_epochs(iterator, engine.epochs_to_replay)
-            engine.epochs_to_replay = 0
+            engine.epochs_to_replay = None
         iterator = opened(iterator)
         resume = engine.resume_plan if training else None
         if resume is not None:

@@ -19,7 +19,8 @@ class EngineState:
             epoch is over, or `None`.
         epochs_to_replay: Epochs of data a resumed run opens and drops
             before its first epoch (`_keras.replay_epochs`), set when a
-            backup is restored: the epochs trained before it.
+            backup is restored: the epochs trained before it; `None` when
+            not resuming.
         train_pass: Each replica's XLA-compiled training pass
             (`forward.CompiledPass`), when the step plan uses one.
         test_pass: The same for evaluation.
@@ -27,6 +28,6 @@ class EngineState:
 
     accumulation: object = None
     resume_plan: object = None
-    epochs_to_replay: int = 0
+    epochs_to_replay: object = None
     train_pass: object = None
     test_pass: object = None

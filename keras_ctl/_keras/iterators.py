@@ -7,15 +7,23 @@ ms), so every `fit()` call paid for one iterator it never read. Deferred,
 an iterator opens when the first step reads it.
 """
 
+import warnings
+
 
 class DeferredDataset:
-    """A distributed dataset whose `iter()` opens nothing yet."""
+    """A distributed dataset whose `iter()` opens nothing yet.
 
-    def __init__(self, dataset):
+    `replayable`: whether its order comes from the dataset alone (arrays, a
+    `tf.data` pipeline), so a resumed run can replay its epochs; not for a
+    Python generator or a `PyDataset`, which order themselves.
+    """
+
+    def __init__(self, dataset, replayable=True):
         self.dataset = dataset
+        self.replayable = replayable
 
     def __iter__(self):
-        return DeferredIterator(self.dataset)
+        return DeferredIterator(self.dataset, self.replayable)
 
     def __getattr__(self, name):
         return getattr(self.dataset, name)
@@ -24,8 +32,9 @@ class DeferredDataset:
 class DeferredIterator:
     """Opens `iter(dataset)` when first read."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, replayable=True):
         self._dataset = dataset
+        self._replayable = replayable
         self._iterator = None
 
     def opened(self):
@@ -54,6 +63,18 @@ def replay_epochs(iterator, epochs):
     the next epoch the order it had in that run. Its shuffle's seeds come
     from a generator that each new iterator draws from, on every copy of
     the dataset the strategy distributes."""
-    if isinstance(iterator, DeferredIterator) and iterator._iterator is None:
-        for _ in range(epochs):
-            iter(iterator._dataset)
+    if not isinstance(iterator, DeferredIterator) or iterator._iterator is not None:
+        return
+    if not iterator._replayable:
+        warnings.warn(
+            "Resumed from a backup with data from a Python generator or a "
+            "`keras.utils.PyDataset`, whose order keras_ctl cannot replay: the "
+            "resumed run equals the uninterrupted one only if the data yields "
+            "the same batches in the same order after a restart. Arrays and "
+            "`tf.data` pipelines (shuffled too) resume in the uninterrupted "
+            "order.",
+            stacklevel=2,
+        )
+        return
+    for _ in range(epochs):
+        iter(iterator._dataset)

@@ -120,7 +120,10 @@ def _defer_iterators(epoch_iterator):
     """
     dataset = getattr(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
-        epoch_iterator._distributed_dataset = DeferredDataset(dataset)
+        # Keras 3.15's adapters whose order the `tf.data` dataset holds.
+        adapter = type(getattr(epoch_iterator, "data_adapter", None)).__name__
+        replayable = adapter in ("ArrayDataAdapter", "TFDatasetAdapter")
+        epoch_iterator._distributed_dataset = DeferredDataset(dataset, replayable)
 
 
 def _first_replica_batches(epoch_iterator, strategy):

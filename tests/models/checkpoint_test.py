@@ -1,6 +1,7 @@
 """Checkpoints across strategies, SavedModel export, corrupted backups."""
 
 import signal
+import warnings
 
 import devices
 import keras
@@ -162,6 +163,33 @@ def test_a_backup_after_an_epochs_last_batch_resumes_at_the_next_epoch(tmp_path)
     assert len(history.history["loss"]) == 1  # epoch 3 only
     for got, want in zip(resumed.get_weights(), reference.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_a_resume_says_when_it_cannot_replay_the_datas_order(tmp_path):
+    x, y = data()
+
+    def batches():
+        for start in range(0, len(x), 8):
+            yield x[start : start + 8], y[start : start + 8]
+
+    def resume(fit_data):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        backup = kept_backup(folder, x, y, double_checkpoint=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            make_model("default").fit(
+                *fit_data,
+                epochs=3,
+                verbose=0,
+                callbacks=[keras_ctl.callbacks.BackupAndRestore(str(backup))],
+            )
+        return [str(w.message) for w in caught if "cannot replay" in str(w.message)]
+
+    # Arrays replay their shuffled order; a generator orders itself.
+    assert resume((x, y)) == []
+    (said,) = resume((batches(),))
+    assert "Python generator or a `keras.utils.PyDataset`" in said
 
 
 @pytest.mark.parametrize("stale", [b"", b'{"epoch": 0, "batches_done": 3}'])
