@@ -7,10 +7,10 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from ctl_model_test import assert_weights_equal
-from ctl_model_test import compile_classifier
-from ctl_model_test import functional
-from ctl_model_test import small_data
+from small_classifier import assert_weights_equal
+from small_classifier import compile_classifier
+from small_classifier import functional
+from small_classifier import small_data
 
 import keras_ctl
 

@@ -31,9 +31,9 @@ strategy = keras_ctl.strategies.parameter_server_strategy(partitioner)
 import cases  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from ctl_model_test import compile_classifier  # noqa: E402
-from ctl_model_test import functional  # noqa: E402
-from ctl_model_test import small_data  # noqa: E402
+from small_classifier import compile_classifier  # noqa: E402
+from small_classifier import functional  # noqa: E402
+from small_classifier import small_data  # noqa: E402
 
 result = {}
 

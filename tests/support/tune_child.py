@@ -10,8 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import keras_tuner  # noqa: E402
-from tuning_test import Classifier  # noqa: E402
-from tuning_test import classifier_data  # noqa: E402
+from tuning_cases import Classifier  # noqa: E402
+from tuning_cases import classifier_data  # noqa: E402
 
 import keras_ctl  # noqa: E402
 
