@@ -12,20 +12,8 @@ import keras_ctl  # noqa: F401 (registers CTLModel for loading)
 
 
 def test_two_workers_leave_one_copy_of_each_file(tmp_path):
-    command = [
-        children.PYTHON,
-        "-m",
-        "keras_ctl.launch",
-        "--workers",
-        "2",
-        "--timeout",
-        "300",
-        "--",
-        children.PYTHON,
-        "shared_folder_child.py",
-        tmp_path,
-    ]
-    result = children.run(command, timeout=360)
+    command = [children.PYTHON, "shared_folder_child.py", tmp_path]
+    result = children.run(children.launched(2, command, timeout=300), timeout=360)
     assert result.returncode == 0, children.output(result)
     # Only the chief prints its progress bar.
     assert result.stdout.count("Epoch 1/5") == 1, result.stdout

@@ -27,21 +27,8 @@ NAMES = [
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("workers")
-    command = [
-        children.PYTHON,
-        "-m",
-        "keras_ctl.launch",
-        "--workers",
-        "2",
-        "--timeout",
-        "400",
-        "--",
-        children.PYTHON,
-        "multi_worker_child.py",
-        out,
-        *NAMES,
-    ]
-    result = children.run(command, timeout=450)
+    command = [children.PYTHON, "multi_worker_child.py", out, *NAMES]
+    result = children.run(children.launched(2, command, timeout=400), timeout=450)
     assert result.returncode == 0, children.output(result)
     assert "[worker 0] " in result.stdout or result.stdout == ""
     return [json.loads((out / f"worker_{i}.json").read_text()) for i in range(2)]

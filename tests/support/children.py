@@ -16,6 +16,13 @@ PYTHON = sys.executable
 KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
 
 
+def launched(workers, command, *, timeout):
+    """`command` as a job of `workers` processes on 127.0.0.1, started by
+    `python -m keras_ctl.launch`, which stops them all after `timeout` s."""
+    launcher = [PYTHON, "-m", "keras_ctl.launch", "--workers", workers]
+    return [*launcher, "--timeout", timeout, "--", *command]
+
+
 def quiet_env(env=None):
     """`env` (default: this process's) without TensorFlow's log lines, unless
     `env` sets their level itself."""
