@@ -9,7 +9,6 @@ into a private temporary folder that is removed after, as tf.keras did.
 
 import contextlib
 import os
-import shutil
 import tempfile
 
 import keras
@@ -36,11 +35,8 @@ def path_for_this_worker(path, strategy):
     if not writes_aside(strategy):
         yield path
         return
-    folder = tempfile.mkdtemp(prefix="keras_ctl_worker_")
-    try:
+    with _private_folder() as folder:
         yield os.path.join(folder, os.path.basename(os.path.normpath(str(path))))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def with_chief_only_backups(callbacks, strategy):
@@ -77,9 +73,8 @@ def callbacks_write_aside(callbacks, strategy):
     if not writes_aside(strategy):
         yield
         return
-    folder = tempfile.mkdtemp(prefix="keras_ctl_worker_")
     changed = []
-    try:
+    with _private_folder() as folder:
         for index, callback in enumerate(callbacks or ()):
             for kind, attribute in _PATH_ATTRIBUTES:
                 if isinstance(callback, kind):
@@ -88,8 +83,15 @@ def callbacks_write_aside(callbacks, strategy):
                     name = os.path.basename(os.path.normpath(str(path)))
                     os.makedirs(os.path.join(folder, str(index)), exist_ok=True)
                     setattr(callback, attribute, os.path.join(folder, str(index), name))
-        yield
-    finally:
-        for callback, attribute, path in changed:
-            setattr(callback, attribute, path)
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            yield
+        finally:
+            for callback, attribute, path in changed:
+                setattr(callback, attribute, path)
+
+
+def _private_folder():
+    """A temporary folder of this worker's own, removed at the end."""
+    return tempfile.TemporaryDirectory(
+        prefix="keras_ctl_worker_", ignore_cleanup_errors=True
+    )
