@@ -105,7 +105,7 @@ def main():
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if os.listdir(args.folder) if os.path.isdir(args.folder) else False:
+    if os.path.isdir(args.folder) and os.listdir(args.folder):
         sys.exit(f"Expected an empty folder. Received: folder={args.folder!r}.")
     print(json.dumps(chain(args.folder, args.kills, args.seed)))
 
