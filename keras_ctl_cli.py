@@ -24,7 +24,7 @@ import sys
 from keras_ctl_launch import DefaultsShown
 
 TASKS = ("classifier", "gan", "multihead")
-STRATEGIES = ("default", "onedevice", "mirrored", "multiworker")
+STRATEGIES = ("auto", "default", "onedevice", "mirrored", "multiworker")
 
 
 def build_parser():
@@ -50,8 +50,9 @@ def build_parser():
     train.add_argument(
         "--strategy",
         choices=STRATEGIES,
-        default="default",
-        help="tf.distribute strategy (mirrored for several --replicas)",
+        default="auto",
+        help="tf.distribute strategy; auto: mirrored for --replicas > 1, else "
+        "the default strategy (default: auto)",
     )
     train.add_argument(
         "--batch-size", type=int, default=32, help="examples per replica and step"
@@ -92,7 +93,10 @@ def build_parser():
 
 def _add_common(parser):
     parser.add_argument(
-        "--replicas", type=int, default=1, help="replicas (logical CPUs without GPUs)"
+        "--replicas",
+        type=int,
+        default=1,
+        help="replicas of a MirroredStrategy: GPUs, or logical CPUs without them",
     )
     parser.add_argument("--epochs", type=int, default=3, help="epochs to train")
     parser.add_argument(
@@ -139,7 +143,8 @@ def _validate(parser, args):
     if strategy in ("default", "onedevice") and args.replicas != 1:
         parser.error(
             f"--strategy {strategy} has one replica. Received: --replicas "
-            f"{args.replicas}. Use --strategy mirrored for several replicas."
+            f"{args.replicas}. Use --strategy mirrored (or auto) for several "
+            "replicas."
         )
     run_dir = _output_folder(parser, args.out or _new_run_dir(args))
     interrupted = pathlib.Path(run_dir).is_dir() and any(

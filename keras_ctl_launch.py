@@ -42,6 +42,8 @@ again once it is back); the chief gets the servers' process ids in
 `KERAS_CTL_SERVER_PIDS` (JSON: `{"ps": [...], "worker": [...]}`).
 """
 
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -51,6 +53,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+from typing import IO
 
 DEVICES_ENV = "KERAS_CTL_DEVICES_PER_WORKER"
 SERVER_PIDS_ENV = "KERAS_CTL_SERVER_PIDS"
@@ -66,7 +70,7 @@ class DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def free_ports(count):
+def free_ports(count: int) -> list[int]:
     """Returns `count` distinct free TCP ports on 127.0.0.1."""
     sockets = []
     try:
@@ -80,7 +84,7 @@ def free_ports(count):
             s.close()
 
 
-def tf_config(addresses, index):
+def tf_config(addresses: Sequence[str], index: int) -> str:
     """The `TF_CONFIG` of worker `index` in a cluster of `addresses`."""
     return json.dumps(
         {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": index}}
@@ -88,14 +92,14 @@ def tf_config(addresses, index):
 
 
 def launch(
-    command,
-    workers,
-    devices_per_worker=1,
-    grace=10.0,
-    timeout=None,
-    out=None,
-    restarts=0,
-):
+    command: Sequence[str],
+    workers: int,
+    devices_per_worker: int = 1,
+    grace: float = 10.0,
+    timeout: float | None = None,
+    out: IO[str] | None = None,
+    restarts: int = 0,
+) -> int:
     """Runs `command` as `workers` local workers; returns the exit code.
 
     Args:
@@ -170,7 +174,14 @@ def _run_once(command, workers, devices_per_worker, grace, timeout, out, running
     return code
 
 
-def launch_parameter_servers(command, workers, ps, grace=10.0, timeout=None, out=None):
+def launch_parameter_servers(
+    command: Sequence[str],
+    workers: int,
+    ps: int,
+    grace: float = 10.0,
+    timeout: float | None = None,
+    out: IO[str] | None = None,
+) -> int:
     """Runs `command` as the chief of a local parameter-server cluster of
     `ps` parameter servers and `workers` workers; returns the chief's exit
     code (124 on timeout)."""
@@ -242,7 +253,7 @@ def _start(command, env, prefix, out, lock):
     return process
 
 
-def serve():
+def serve() -> None:
     """A parameter server or worker of the cluster in `TF_CONFIG`, until
     stopped."""
     import tensorflow as tf
@@ -296,7 +307,7 @@ def _stop(processes, grace):
             time.sleep(0.1)
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     """The launcher's flags."""
     parser = argparse.ArgumentParser(
         prog="keras-ctl launch",
@@ -343,7 +354,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--serve"]:
         serve()

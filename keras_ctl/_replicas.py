@@ -6,13 +6,15 @@ the mean one device computes over the global batch, and so do their
 gradients (`tf.distribute` sums gradients across replicas).
 """
 
+from __future__ import annotations
+
 import contextlib
 import threading
 
 import tensorflow as tf
 
 
-def num_replicas():
+def num_replicas() -> int:
     """Returns the number of replicas of the current strategy.
 
     Example:
@@ -24,7 +26,7 @@ def num_replicas():
     return tf.distribute.get_strategy().num_replicas_in_sync
 
 
-def all_reduce_sum(value):
+def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
     """Sums `value` across replicas; the identity on a single replica.
 
     Call it inside a replica step. Every replica must call it the same number

@@ -7,6 +7,11 @@ across replicas, so the gradient of a share is this replica's exact share of
 the global gradient. `CTLModel`'s default step is built from these blocks.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
@@ -26,7 +31,12 @@ __all__ = [
 ]
 
 
-def global_mean(values, sample_weight=None, *, global_weight=None):
+def global_mean(
+    values: tf.Tensor,
+    sample_weight: tf.Tensor | None = None,
+    *,
+    global_weight: tf.Tensor | None = None,
+) -> tf.Tensor:
     """Returns this replica's share of the mean of `values` over the global batch.
 
     The mean of one device is `sum(values * w) / sum(w)` over the whole global
@@ -82,7 +92,7 @@ def global_mean(values, sample_weight=None, *, global_weight=None):
     return share
 
 
-def scaled_regularization_loss(losses):
+def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
     """Returns this replica's share of the sum of `losses`.
 
     Regularization losses (weight regularizers, `add_loss`) are added once
@@ -108,7 +118,12 @@ def scaled_regularization_loss(losses):
     return regularization_total(losses) / num_replicas()
 
 
-def minimize(loss, variables, optimizer, tape):
+def minimize(
+    loss: tf.Tensor,
+    variables: Sequence[tf.Variable],
+    optimizer: keras.optimizers.Optimizer,
+    tape: tf.GradientTape,
+) -> list[tf.Tensor]:
     """Applies the gradients of `loss` with respect to `variables`.
 
     `loss` is this replica's share of the global loss (see `global_mean`).

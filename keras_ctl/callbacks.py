@@ -1,9 +1,13 @@
 """`BackupAndRestore` with exact mid-epoch resume and multi-worker saving."""
 
+from __future__ import annotations
+
 import json
 import os
 import shutil
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import h5py
 import keras
@@ -100,12 +104,12 @@ class BackupAndRestore(keras.callbacks.Callback):
 
     def __init__(
         self,
-        backup_dir,
-        save_freq="epoch",
-        double_checkpoint=False,
-        delete_checkpoint=True,
-        save_on_signals=("SIGTERM",),
-    ):
+        backup_dir: str | os.PathLike,
+        save_freq: str | int = "epoch",
+        double_checkpoint: bool = False,
+        delete_checkpoint: bool = True,
+        save_on_signals: Sequence[str] = ("SIGTERM",),
+    ) -> None:
         super().__init__()
         if not backup_dir:
             raise ValueError(
@@ -136,7 +140,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _path(self, name, previous=False):
         return os.path.join(self.backup_dir, name + (_PREVIOUS if previous else ""))
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._restore_or_fall_back()
         if self.save_on_signals:
             self._notice = _preemption.Notice(self.save_on_signals, NOTICE_DEADLINE_S)
@@ -218,7 +222,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             if self._skipped:
                 self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._batches_done = self._skipped
         if self._skipped:
@@ -227,7 +231,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._quiet.__enter__()
             warnings.filterwarnings("ignore", message=_keras.RAN_OUT_OF_DATA)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(
+        self, batch: int, logs: dict[str, Any] | None = None
+    ) -> None:
         done = self._skipped + batch + 1
         self._since_save += done - self._batches_done
         self._batches_done = done
@@ -250,7 +256,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._notice.uninstall()
         raise SystemExit(SAVED_ON_NOTICE)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._quiet is not None:
             self._quiet.__exit__(None, None, None)
             self._quiet = None
@@ -291,7 +297,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             json.dump(metadata, f)
         os.replace(self._path(_METADATA) + ".saving", self._path(_METADATA))
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._notice is not None:
             self._notice.uninstall()
             self._notice = None

@@ -6,12 +6,17 @@ shape `(n, height, width, 1)` scaled to `[0, 1]` (float32) and integer
 labels, the preprocessing of the TensorFlow distributed-training tutorial.
 """
 
+from __future__ import annotations
+
 import numpy as np
 
 NAMES = ("digits", "fashion_mnist", "mnist")
 
 
-def load(name="digits", test_fraction=0.2):
+Arrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def load(name: str = "digits", test_fraction: float = 0.2) -> Arrays:
     """Loads the example dataset `name`.
 
     Args:

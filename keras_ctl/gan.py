@@ -9,11 +9,16 @@ real" labels (0). Each loss is a mean over the global batch
 its own variables only.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import keras
 import tensorflow as tf
 
 from keras_ctl import _checks
 from keras_ctl import _keras
+from keras_ctl import _signature
 from keras_ctl import blocks
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl.model import CTLModel
@@ -61,15 +66,15 @@ class GAN(CTLModel):
 
     def __init__(
         self,
-        discriminator,
-        generator,
-        latent_dim,
+        discriminator: keras.Model,
+        generator: keras.Model,
+        latent_dim: int,
         *,
-        d_steps=1,
-        label_noise=0.05,
-        seed=None,
-        **kwargs,
-    ):
+        d_steps: int = 1,
+        label_noise: float = 0.05,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         _check_options(latent_dim, d_steps, label_noise)
         _check_models(discriminator, generator, latent_dim)
@@ -84,7 +89,13 @@ class GAN(CTLModel):
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
         self.built = discriminator.built and generator.built
 
-    def compile(self, d_optimizer=None, g_optimizer=None, loss_fn=None, **kwargs):
+    def compile(
+        self,
+        d_optimizer: keras.optimizers.Optimizer | str | None = None,
+        g_optimizer: keras.optimizers.Optimizer | str | None = None,
+        loss_fn: keras.losses.Loss | None = None,
+        **kwargs: Any,
+    ) -> None:
         """Configures the two optimizers and the loss.
 
         Args:
@@ -131,13 +142,13 @@ class GAN(CTLModel):
         return optimizer
 
     @property
-    def metrics(self):
+    def metrics(self) -> list[keras.metrics.Metric]:
         return [self.d_loss_tracker, self.g_loss_tracker]
 
-    def call(self, latents, training=False):
+    def call(self, latents: tf.Tensor, training: bool = False) -> tf.Tensor:
         return self.generator(latents, training=training)
 
-    def train_step(self, data):
+    def train_step(self, data: Any) -> dict[str, Any]:
         data, batch_size = pad_empty_batch(data)
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
         self._check_shapes(real, latents)
@@ -158,7 +169,13 @@ class GAN(CTLModel):
         _keras.add_to_mean(self.g_loss_tracker, g_loss, steps_per_replica)
         return {m.name: m.result() for m in self.metrics}
 
-    def train_discriminator(self, real, latents, weight=None, global_weight=None):
+    def train_discriminator(
+        self,
+        real: tf.Tensor,
+        latents: tf.Tensor,
+        weight: tf.Tensor | None = None,
+        global_weight: tf.Tensor | None = None,
+    ) -> tf.Tensor:
         """One discriminator update on real and generated images.
 
         Only the discriminator's variables move; the generator runs forward.
@@ -196,7 +213,12 @@ class GAN(CTLModel):
         blocks.minimize(loss, variables, self.d_optimizer, tape)
         return loss
 
-    def train_generator(self, latents, weight=None, global_weight=None):
+    def train_generator(
+        self,
+        latents: tf.Tensor,
+        weight: tf.Tensor | None = None,
+        global_weight: tf.Tensor | None = None,
+    ) -> tf.Tensor:
         """One generator update against "all real" labels.
 
         Only the generator's variables move; the discriminator runs forward.
@@ -278,7 +300,8 @@ class GAN(CTLModel):
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return tf.random.experimental.stateless_fold_in(seed, replica)
 
-    def fit(self, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.fit)
+    def fit(self, *args: Any, **kwargs: Any) -> keras.callbacks.History:
         pairs = self.optimizers_and_variables()
         before = [int(optimizer.iterations.numpy()) for optimizer, _ in pairs]
         history = super().fit(*args, **kwargs)
@@ -288,30 +311,32 @@ class GAN(CTLModel):
                 optimizer.finalize_variable_values(variables)
         return history
 
-    def optimizers_and_variables(self):
+    def optimizers_and_variables(
+        self,
+    ) -> list[tuple[keras.optimizers.Optimizer, list[keras.Variable]]]:
         """The discriminator's optimizer and variables, then the generator's."""
         return [
             (self.d_optimizer, self.discriminator.trainable_weights),
             (self.g_optimizer, self.generator.trainable_weights),
         ]
 
-    def make_train_function(self, force=False):
+    def make_train_function(self, force: bool = False) -> Any:
         if self.train_function is None or force:
             self.build_optimizers()  # `CTLModel` builds them only when built
         return super().make_train_function(force)
 
-    def test_step(self, data):
+    def test_step(self, data: Any) -> dict[str, Any]:
         raise NotImplementedError(
             "A GAN has no labels to evaluate against. Received: a call to "
             "`evaluate()`. Generate with `gan(latents)` or `gan.predict(latents)`."
         )
 
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: Any) -> None:
         # Keras 3.15 saves no `SeedGenerator` state; the latent stream needs it.
         super().save_own_variables(store)
         store[_SEED_KEY] = self.seed_generator.state
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: Any) -> None:
         # Keras checks that the store holds exactly its own variables.
         super().load_own_variables(
             {key: store[key] for key in store.keys() if key != _SEED_KEY}
@@ -319,7 +344,7 @@ class GAN(CTLModel):
         if _SEED_KEY in store.keys():
             self.seed_generator.state.assign(store[_SEED_KEY])
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "discriminator": keras.saving.serialize_keras_object(self.discriminator),
@@ -331,7 +356,9 @@ class GAN(CTLModel):
         }
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(
+        cls, config: dict[str, Any], custom_objects: dict[str, Any] | None = None
+    ) -> GAN:
         config = dict(config)
         for key in ("discriminator", "generator"):
             config[key] = keras.saving.deserialize_keras_object(
@@ -339,11 +366,11 @@ class GAN(CTLModel):
             )
         return cls(**config)
 
-    def get_compile_config(self):
+    def get_compile_config(self) -> dict[str, Any]:
         config = getattr(self, "_gan_compile_config", None)
         return keras.saving.serialize_keras_object(config) if config else {}
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         # `compile()` builds both optimizers, so their saved state loads.
         self.compile(**keras.saving.deserialize_keras_object(config))
 

@@ -1,5 +1,11 @@
 """`CTLModel`: a `keras.Model` whose steps are exact under any strategy."""
 
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -9,6 +15,7 @@ from keras_ctl import _checks
 from keras_ctl import _chief_writes
 from keras_ctl import _conversion
 from keras_ctl import _keras
+from keras_ctl import _signature
 from keras_ctl import _topology
 from keras_ctl import blocks
 from keras_ctl import strategies
@@ -87,7 +94,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             cls = _conversion.functional_variant(cls)
         return super().__new__(cls)
 
-    def __init__(self, *args, **kwargs):
+    __new__.__signature__ = _signature.MODEL_CONSTRUCTOR
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Keras 3.15 makes a `Model` subclass functional by rewriting the
         # `__bases__` of its whole hierarchy for good (`Model.__init__`,
         # `inject_functional_model_class`): after one such construction
@@ -102,8 +111,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
+    __init__.__signature__ = _signature.MODEL_CONSTRUCTOR
+
     @classmethod
-    def from_model(cls, model):
+    def from_model(cls, model: keras.Model) -> CTLModel:
         """Makes `model` a `CTLModel`, in place, and returns it.
 
         The same for functional, `keras.Sequential` and subclassed models:
@@ -151,7 +162,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         model.predict_function = None
         return model
 
-    def optimizers_and_variables(self):
+    def optimizers_and_variables(
+        self,
+    ) -> list[tuple[keras.optimizers.Optimizer, list[keras.Variable]]]:
         """Lists each optimizer with the variables it updates.
 
         The step engine builds these optimizers before the first step, and
@@ -164,7 +177,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         """
         return [(self.optimizer, self.trainable_variables)]
 
-    def build_optimizers(self):
+    def build_optimizers(self) -> None:
         """Creates every optimizer's variables now, in the strategy's scope.
 
         Keras optimizers create their variables on first use, which fails
@@ -178,7 +191,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 with self.distribute_strategy.scope():
                     optimizer.build(variables)
 
-    def train_step(self, data):
+    def train_step(self, data: Any) -> dict[str, Any]:
         """One exact training step on this replica's part of the batch.
 
         The arithmetic of the public blocks (`keras_ctl.global_mean` for
@@ -212,7 +225,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             update.apply_summed(self.optimizer, step.gradients, self.trainable_weights)
         return self._update_metrics(x, y, sample_weight, step)
 
-    def test_step(self, data):
+    def test_step(self, data: Any) -> dict[str, Any]:
         """One exact evaluation step on this replica's part of the batch."""
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -234,8 +247,13 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return self._update_metrics(x, y, sample_weight, step)
 
     def compute_loss(
-        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
-    ):
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> tf.Tensor:
         """Returns the loss of the global batch, differentiable as this
         replica's share of it.
 
@@ -254,8 +272,15 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         )
         return valued_as_global(share)
 
-    def compile(self, *args, gradient_accumulation="micro_batches", **kwargs):
+    @_signature.keras_signature(
+        keras.Model.compile, gradient_accumulation=(str, "micro_batches")
+    )
+    def compile(
+        self, *args: Any, gradient_accumulation: str = "micro_batches", **kwargs: Any
+    ) -> None:
         """`keras.Model.compile`, with one more option.
+
+        Every other argument is `keras.Model.compile()`'s, with its default.
 
         Args:
             gradient_accumulation: What an optimizer's
@@ -266,7 +291,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 would (the two differ when the k batches differ in size,
                 e.g. at the end of an epoch). Either way the gradients
                 cross replicas once per update.
-            *args, **kwargs: `keras.Model.compile()` arguments.
         """
         if gradient_accumulation not in accumulation.MODES:
             raise ValueError(
@@ -276,13 +300,13 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self._gradient_accumulation = gradient_accumulation
         super().compile(*args, **kwargs)
 
-    def get_compile_config(self):
+    def get_compile_config(self) -> dict[str, Any] | None:
         config = super().get_compile_config()
         if config and self._gradient_accumulation != "micro_batches":
             config["gradient_accumulation"] = self._gradient_accumulation
         return config
 
-    def compile_from_config(self, config):
+    def compile_from_config(self, config: dict[str, Any]) -> None:
         if type(self).compile is not CTLModel.compile:
             # A subclass's own `compile()`: Keras warns and leaves it to the
             # user, as for a `keras.Model` subclass.
@@ -292,7 +316,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if getattr(self, "optimizer", None) is not None and self.built:
             self.optimizer.build(self.trainable_variables)
 
-    def fit(self, x=None, y=None, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.fit)
+    def fit(
+        self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
+    ) -> keras.callbacks.History:
         """`keras.Model.fit`; under `ParameterServerStrategy` the steps are
         scheduled on the workers, and `x` may also be a function
         `dataset_fn(input_context)` returning a `tf.data.Dataset`."""
@@ -317,7 +344,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         with _chief_writes.callbacks_write_aside(callbacks, strategy):
             return super().fit(x, y, *args, **kwargs)
 
-    def save(self, filepath, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.save)
+    def save(self, filepath: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """`keras.Model.save`; under several workers every worker saves
         and only the chief's file stays at `filepath` (the others write
         theirs into a temporary folder, removed after)."""
@@ -326,7 +354,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ) as path:
             return super().save(path, *args, **kwargs)
 
-    def save_weights(self, filepath, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.save_weights)
+    def save_weights(
+        self, filepath: str | os.PathLike, *args: Any, **kwargs: Any
+    ) -> None:
         """`keras.Model.save_weights`, writing as `save()` does under
         several workers."""
         with _chief_writes.path_for_this_worker(
@@ -334,7 +365,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ) as path:
             return super().save_weights(path, *args, **kwargs)
 
-    def evaluate(self, x=None, y=None, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.evaluate)
+    def evaluate(
+        self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
+    ) -> float | list[float] | dict[str, float]:
         _checks.numeric_labels(y)
         _checks.batched(x, self)
         if strategies.is_parameter_server(self.distribute_strategy):
@@ -342,7 +376,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         _checks.made_in_scope(self, _keras.strategy_created_under(self))
         return super().evaluate(x, y, *args, **kwargs)
 
-    def predict(self, x, *args, **kwargs):
+    @_signature.keras_signature(keras.Model.predict)
+    def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """As `keras.Model.predict`; data without any example gives arrays
         with no rows (Keras 3.15 raises `UnboundLocalError`)."""
         self._predicted_batches = 0
@@ -371,7 +406,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             lambda t: np.zeros((0, *t.shape[1:]), dtype=t.dtype), outputs
         )
 
-    def make_train_function(self, force=False):
+    def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is None or force:
             if self.built:
                 self.build_optimizers()
@@ -382,14 +417,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             )
         return self.train_function
 
-    def make_test_function(self, force=False):
+    def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         if self.test_function is None or force:
             self._engine.test_pass, self.test_function = self._step_function(
                 self.test_step, training=False
             )
         return self.test_function
 
-    def make_predict_function(self, force=False):
+    def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
         if self.predict_function is not None and not force:
             return self.predict_function
         plan = StepPlan.for_model(self, default_loss=False)

@@ -1,7 +1,11 @@
 """Local strategies for examples and scripts: GPUs, or logical CPU devices."""
 
+from __future__ import annotations
+
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import tensorflow as tf
 
@@ -9,7 +13,7 @@ from keras_ctl import _checks
 from keras_ctl import _topology
 
 
-def local_mirrored_strategy(replicas):
+def local_mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
     """Returns a `MirroredStrategy` with `replicas` replicas on this machine.
 
     Uses the first `replicas` GPUs when there are enough; otherwise splits
@@ -58,7 +62,7 @@ def local_mirrored_strategy(replicas):
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 
 
-def multi_worker_strategy():
+def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     """Returns a `MultiWorkerMirroredStrategy` for the cluster in `TF_CONFIG`.
 
     Call it first in the script, before other TensorFlow calls (TensorFlow
@@ -87,7 +91,9 @@ def multi_worker_strategy():
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def parameter_server_strategy(variable_partitioner=None):
+def parameter_server_strategy(
+    variable_partitioner: Callable[..., Any] | None = None,
+) -> tf.distribute.ParameterServerStrategy:
     """Returns a `ParameterServerStrategy` for the cluster in `TF_CONFIG`.
 
     Run it in the chief (the coordinator), e.g. under `python -m
@@ -100,8 +106,20 @@ def parameter_server_strategy(variable_partitioner=None):
             servers, e.g. `tf.distribute.experimental.partitioners.
             MinSizePartitioner(min_shard_bytes=256 << 10, max_shards=M)`.
 
+    Returns:
+        A `tf.distribute.ParameterServerStrategy`.
+
     Raises:
         RuntimeError: if `TF_CONFIG` names no parameter server and worker.
+
+    Example:
+
+    ```python
+    strategy = keras_ctl.strategies.parameter_server_strategy()  # first
+    with strategy.scope():
+        model = build_and_compile()  # a CTLModel or GAN
+    model.fit(dataset_fn, epochs=5, steps_per_epoch=20)
+    ```
     """
     cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
     if not cluster.get("ps") or not cluster.get("worker"):
@@ -117,13 +135,27 @@ def parameter_server_strategy(variable_partitioner=None):
     )
 
 
-def is_parameter_server(strategy=None):
+def is_parameter_server(strategy: tf.distribute.Strategy | None = None) -> bool:
     """Whether `strategy` is a `ParameterServerStrategy` (steps run on
-    workers, scheduled by this process)."""
+    workers, scheduled by this process).
+
+    Args:
+        strategy: A `tf.distribute.Strategy`. Defaults to the current one.
+
+    Returns:
+        `True` under parameter servers.
+
+    Example:
+
+    ```python
+    if not keras_ctl.strategies.is_parameter_server(strategy):
+        model.fit(x, y, validation_split=0.1)  # not taken with parameter servers
+    ```
+    """
     return _topology.of(strategy).parameter_servers
 
 
-def is_chief(strategy=None):
+def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
     """Returns whether this process should write checkpoints and models.
 
     True for a single process and for the chief of a multi-worker cluster
@@ -144,7 +176,7 @@ def is_chief(strategy=None):
     return _topology.of(strategy).chief
 
 
-def worker_count(strategy=None):
+def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
     """Returns how many processes train together under `strategy`.
 
     1 for a single process; the chief and the workers of a
@@ -163,13 +195,25 @@ def worker_count(strategy=None):
     return _topology.of(strategy).workers
 
 
-def task_index():
-    """This worker's index in the cluster of `TF_CONFIG` (0 without one)."""
+def task_index() -> int:
+    """This worker's index in the cluster of `TF_CONFIG` (0 without one).
+
+    Returns:
+        `task.index` of `TF_CONFIG`, or 0.
+
+    Example:
+
+    ```python
+    keras.utils.set_random_seed(keras_ctl.strategies.task_index())
+    ```
+    """
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     return int(config.get("task", {}).get("index", 0))
 
 
-def write_path(path, strategy=None):
+def write_path(
+    path: str | os.PathLike, strategy: tf.distribute.Strategy | None = None
+) -> str:
     """Where this worker writes the file or folder `path`.
 
     The TensorFlow multi-worker convention: every worker writes (saving

@@ -8,31 +8,37 @@ enough), and compares the weights, every `history` value and `evaluate()`.
 It works from pytest and from a script.
 """
 
+from __future__ import annotations
+
 import os
 import pickle
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
 
+import keras
 import numpy as np
 
 __all__ = ["assert_replica_invariant", "known_to_differ"]
 
 
 def assert_replica_invariant(
-    build,
-    x,
-    y=None,
+    build: Callable[[], keras.Model],
+    x: Any,
+    y: Any = None,
     *,
-    batch_size,
-    replicas=(2, 3),
-    epochs=1,
-    atol=1e-5,
-    floatx=None,
-    seed=0,
-    timeout=600,
-    **fit_kwargs,
-):
+    batch_size: int,
+    replicas: Sequence[int] = (2, 3),
+    epochs: int = 1,
+    atol: float = 1e-5,
+    floatx: str | None = None,
+    seed: int = 0,
+    timeout: float = 600,
+    **fit_kwargs: Any,
+) -> dict[int, dict[str, float]]:
     """Asserts that `build()`'s model trains the same on 1 and R replicas.
 
     Each run seeds Keras with `seed`, builds and compiles the model in the
@@ -47,7 +53,8 @@ def assert_replica_invariant(
             compiled model (called in each process, in the strategy scope).
             In a script, guard the script's own work with
             `if __name__ == "__main__":`.
-        x, y: Training data: NumPy arrays (or dicts/lists of them).
+        x: Training inputs: NumPy arrays (or dicts/lists of them).
+        y: Training targets, like `x`. Defaults to `None` (in `x`).
         batch_size: Global batch size.
         replicas: Replica counts to compare with one device. Defaults to
             `(2, 3)`.
@@ -221,12 +228,25 @@ def _table(failures, atol):
     return "\n".join(lines)
 
 
-def known_to_differ(model):
+def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
     """The parts of `model` known to train differently on R replicas than
     on one device, each with what to do: `[(where, why and what to do)]`.
 
     The parity kit adds them to its failure message; a model may differ
     for other reasons too.
+
+    Args:
+        model: A built `keras.Model`.
+
+    Returns:
+        `[(where, why and what to do)]`, empty when nothing known differs.
+
+    Example:
+
+    ```python
+    for where, advice in keras_ctl.testing.known_to_differ(model):
+        print(f"{where}: {advice}")
+    ```
     """
     from keras_ctl import _keras
     from keras_ctl.model import CTLModel

@@ -4,6 +4,13 @@ Imported lazily (`keras_ctl.CTLHyperModel`), so `import keras_ctl` works
 without keras-tuner.
 """
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+
 try:
     import keras_tuner
 except ImportError as error:  # pragma: no cover - depends on the install
@@ -57,7 +64,12 @@ class CTLHyperModel(keras_tuner.HyperModel):
     ```
     """
 
-    def __init__(self, batch_sizes_per_replica=None, name=None, tunable=True):
+    def __init__(
+        self,
+        batch_sizes_per_replica: int | Sequence[int] | None = None,
+        name: str | None = None,
+        tunable: bool = True,
+    ) -> None:
         super().__init__(name=name, tunable=tunable)
         choices = batch_sizes_per_replica
         if choices is not None:
@@ -71,7 +83,13 @@ class CTLHyperModel(keras_tuner.HyperModel):
                 )
         self.batch_sizes_per_replica = choices
 
-    def fit(self, hp, model, *args, **kwargs):
+    def fit(
+        self,
+        hp: keras_tuner.HyperParameters,
+        model: keras.Model,
+        *args: Any,
+        **kwargs: Any,
+    ) -> keras.callbacks.History:
         """Trains `model` for one trial; returns its `History`."""
         per_replica = self.batch_size_per_replica(hp)
         model.hyperparameters = dict(hp.values)
@@ -81,7 +99,7 @@ class CTLHyperModel(keras_tuner.HyperModel):
             )
         return model.fit(*args, **kwargs)
 
-    def batch_size_per_replica(self, hp):
+    def batch_size_per_replica(self, hp: keras_tuner.HyperParameters) -> int | None:
         """The trial's per-replica batch size, or `None` when not tuned."""
         choices = self.batch_sizes_per_replica
         if choices is None:
@@ -91,7 +109,7 @@ class CTLHyperModel(keras_tuner.HyperModel):
         return hp.Choice("batch_size_per_replica", list(choices))
 
 
-def objective(name, direction=None):
+def objective(name: str, direction: str | None = None) -> keras_tuner.Objective:
     """Returns a `keras_tuner.Objective` for a value in `history`.
 
     Args:

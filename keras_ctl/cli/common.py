@@ -19,6 +19,8 @@ def make_strategy(name, replicas):
     """
     import tensorflow as tf
 
+    if name == "auto":
+        name = "mirrored" if replicas > 1 else "default"
     if name == "multiworker":
         return strategies.multi_worker_strategy()
     if name == "mirrored":
@@ -83,5 +85,12 @@ class HistoryFiles(keras.callbacks.Callback):
                 ]
                 writer.writerow([epoch + 1, *row])
 
-    def learning_curves(self):
-        plots.learning_curves(self.history, self.folder / "learning_curves.png")
+    def learning_curves(self, title=""):
+        plots.learning_curves(self.history, self.folder / "learning_curves.png", title)
+
+
+def validation_split(x, y, fraction=0.1):
+    """`(x, y)` for training and the last `fraction` of them for validation,
+    so that the test split stays unseen until the final evaluation."""
+    count = max(1, int(len(x) * fraction))
+    return (x[:-count], y[:-count]), (x[-count:], y[-count:])

@@ -32,13 +32,16 @@ def run(args):
         args.task
     ]
     history, saved, final = trainer(args, strategy, data, out)
-    history.learning_curves()
+    history.learning_curves(
+        f"{args.task} on {args.dataset}: {type(strategy).__name__}, "
+        f"{strategy.num_replicas_in_sync} replica(s)"
+    )
     if not strategies.is_chief(strategy):
         shutil.rmtree(out, ignore_errors=True)
         return 0
     print(
         f"\nDone: {args.task} on {args.dataset}, {args.epochs} epoch(s), "
-        f"{strategy.num_replicas_in_sync} replica(s)."
+        f"{type(strategy).__name__}, {strategy.num_replicas_in_sync} replica(s)."
     )
     for name, value in final.items():
         print(f"  {name}: {value:.4f}")
@@ -69,6 +72,7 @@ def _classifier(args, strategy, data, out):
     from keras_ctl.demos import models
 
     (x_train, y_train), (x_test, y_test) = data
+    (x_train, y_train), validation = common.validation_split(x_train, y_train)
     with strategy.scope():
         model = models.tutorial_cnn(x_train.shape[1:])
         model.compile(
@@ -82,7 +86,7 @@ def _classifier(args, strategy, data, out):
         y_train,
         batch_size=args.batch_size * strategy.num_replicas_in_sync,
         epochs=args.epochs,
-        validation_data=(x_test, y_test),
+        validation_data=validation,
         callbacks=_callbacks(out, history),
     )
     model.save(out / "model.keras")
@@ -125,6 +129,7 @@ def _multihead(args, strategy, data, out):
         trunk = zoo.trunk(x_train.shape[1:])
         inputs = keras.Input(x_train.shape[1:])
         classes = zoo.class_head_model(trunk, inputs)
+    print("Phase 1 of 2: the trunk and the class head, with variable groups")
     classes.fit(
         x_train,
         y_train,
@@ -135,6 +140,7 @@ def _multihead(args, strategy, data, out):
     with strategy.scope():
         parity = zoo.parity_head_model(trunk, inputs)
     history = common.HistoryFiles(out, "parity_")
+    print("Phase 2 of 2: a parity head on the frozen trunk")
     parity.fit(
         x_train,
         (y_train % 2).astype("float32"),

@@ -6,7 +6,7 @@ from keras_ctl.cli import common
 
 
 def run(args):
-    strategy = common.make_strategy("mirrored", args.replicas)  # first
+    strategy = common.make_strategy("auto", args.replicas)  # first
     import keras
     import keras_tuner
     import numpy as np
@@ -39,8 +39,23 @@ def run(args):
             Classifier(batch_sizes_per_replica=[16, 32]),
             "val_accuracy",
         )
-        fit_args = ([x_train, y_train], {"validation_data": (x_test, y_test)})
-    tuner = keras_tuner.RandomSearch(
+        train, validation = common.validation_split(x_train, y_train)
+        fit_args = (list(train), {"validation_data": validation})
+
+    class RandomSearch(keras_tuner.RandomSearch):
+        def on_trial_end(self, trial):
+            super().on_trial_end(trial)
+            best = self.oracle.get_best_trials(1)[0]
+            print(
+                f"trial {int(trial.trial_id) + 1} of {args.trials}: "
+                f"{objective}={trial.score:.4f} {trial.hyperparameters.values}; "
+                f"best so far: trial {int(best.trial_id) + 1}, "
+                f"{objective}={best.score:.4f}",
+                flush=True,
+            )
+
+    print(f"Searching {args.trials} trials of {args.task}, {args.epochs} epoch(s) each")
+    tuner = RandomSearch(
         hypermodel,
         objective=tuning.objective(objective),
         max_trials=args.trials,
@@ -50,15 +65,9 @@ def run(args):
         seed=0,
     )
     tuner.search(*fit_args[0], epochs=args.epochs, verbose=0, **fit_args[1])
-    trials = sorted(tuner.oracle.trials.values(), key=lambda t: int(t.trial_id))
-    for trial in trials:
-        print(
-            f"trial {trial.trial_id}: {objective}={trial.score:.4f} "
-            f"{trial.hyperparameters.values}"
-        )
     best = tuner.oracle.get_best_trials(1)[0]
     print(
-        f"best trial {best.trial_id}: {objective}={best.score:.4f} "
+        f"best trial {int(best.trial_id) + 1}: {objective}={best.score:.4f} "
         f"{best.hyperparameters.values}"
     )
     common.write_json(

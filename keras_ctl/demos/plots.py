@@ -15,14 +15,15 @@ def pyplot():
     return pyplot
 
 
-def learning_curves(history, path):
-    """Writes one panel per logged value (with its `val_` twin) to `path`."""
-    figure = curves_figure(history)
+def learning_curves(history, path, title=""):
+    """Writes one panel per logged value (with its `val_` twin) to `path`,
+    under `title` (say, the model, the strategy and the replicas)."""
+    figure = curves_figure(history, title)
     figure.savefig(path, dpi=80)
     pyplot().close(figure)
 
 
-def curves_figure(history):
+def curves_figure(history, title=""):
     """The figure of `learning_curves`: epochs 1, 2, ... on integer ticks."""
     from matplotlib.ticker import MaxNLocator
 
@@ -41,8 +42,11 @@ def curves_figure(history):
         else:
             axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("epoch")
+        axis.set_ylabel(name)
         axis.set_title(name)
         axis.legend()
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     return figure
 

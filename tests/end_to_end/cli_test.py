@@ -14,11 +14,9 @@ def keras_ctl(*args, timeout=300, env=None):
 
 def test_train_classifier_mirrored_writes_history_and_pictures(tmp_path):
     out = tmp_path / "run"
-    result = keras_ctl(
+    result = keras_ctl(  # --replicas 2 alone means MirroredStrategy, as in `tune`
         "train",
         "classifier",
-        "--strategy",
-        "mirrored",
         "--replicas",
         "2",
         "--epochs",
@@ -38,6 +36,10 @@ def test_train_classifier_mirrored_writes_history_and_pictures(tmp_path):
     assert list((out / "logs").rglob("events.out.tfevents.*"))
     assert not (out / "backup").exists()  # deleted after a complete run
     assert "test_accuracy" in result.stdout and "learning_curves.png" in result.stdout
+    assert "MirroredStrategy, 2 replica(s)" in result.stdout
+    # Validation is the last tenth of the train split, not the test split.
+    test_loss = float(result.stdout.split("test_loss: ")[1].split()[0])
+    assert abs(history["val_loss"][-1] - test_loss) > 1e-3
 
 
 def test_train_gan_writes_a_sample_grid_per_epoch(tmp_path):
@@ -62,6 +64,8 @@ def test_train_multihead_freezes_the_trunk_and_saves_it(tmp_path):
         history
     )
     assert (out / "trunk.keras").exists()
+    first = result.stdout.index("Phase 1 of 2: the trunk and the class head")
+    assert result.stdout.index("Phase 2 of 2: a parity head") > first
 
 
 def test_train_under_two_launched_workers(tmp_path):
@@ -107,7 +111,11 @@ def test_tune_classifier_writes_the_best_trial(tmp_path):
     best = json.loads((out / "best_trial.json").read_text())
     assert 0.0 <= best["val_accuracy"] <= 1.0
     assert best["hyperparameters"]["batch_size_per_replica"] in (16, 32)
-    assert result.stdout.count("\ntrial ") + result.stdout.startswith("trial ") == 2
+    progress = [
+        line for line in result.stdout.splitlines() if line.startswith("trial ")
+    ]
+    assert [line.split(":")[0] for line in progress] == ["trial 1 of 2", "trial 2 of 2"]
+    assert all("best so far: trial " in line for line in progress)
 
 
 def test_bench_writes_tables_and_a_chart(tmp_path):

@@ -30,7 +30,13 @@ def test_mirrored_digits_matches_one_device(tmp_path):
     history = json.loads((out / "history.json").read_text())
     assert set(history) == {"loss", "accuracy"} and len(history["loss"]) == 1
     assert (out / "model.keras").stat().st_size > 10_000
+    picture = (out / "weight_difference.png").read_bytes()
+    assert picture.startswith(b"\x89PNG") and len(picture) > 10_000
     assert "CTLModel, 3 replicas" in stdout
+    assert "an exact run ends with one device's weights" in stdout
+    stock = rows["keras.Model, 3 replicas"]
+    if "error" in stock:  # printed whole, as it was raised
+        assert stock["error"].split(": ", 1)[1] in stdout
 
 
 def test_mirrored_digits_rejects_zero_replicas():

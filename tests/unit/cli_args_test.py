@@ -25,7 +25,14 @@ def usage_error(capsys, *argv):
         (["train", "gan", "--epochs", "0"], "Received: --epochs 0"),
         (["tune", "gan", "--trials", "0"], "Received: --trials 0"),
         (["launch", "--workers", "2", "--ps", "-1", "--", "x"], "Received: --ps -1"),
-        (["train", "gan", "--replicas", "2"], "Use --strategy mirrored"),
+        (
+            ["train", "gan", "--strategy", "default", "--replicas", "2"],
+            "Received: --replicas 2",
+        ),
+        (
+            ["train", "gan", "--strategy", "onedevice", "--replicas", "2"],
+            "Use --strategy mirrored",
+        ),
         (["train", "gan", "--strategy", "nccl"], "invalid choice: 'nccl'"),
         (["train", "gan", "--resume", "--out", "/nonexistent"], "--resume continues"),
     ],
@@ -147,6 +154,27 @@ def test_one_epoch_curves_have_markers_on_integer_ticks():
     assert ticks == [1.0]
     assert [line.get_marker() for line in axis.get_lines()] == ["o", "o"]
     plots.pyplot().close(figure)
+
+
+def test_curves_name_their_axes_and_the_run():
+    figure = plots.curves_figure({"loss": [0.7, 0.5]}, "classifier: 2 replicas")
+    assert figure.axes[0].get_ylabel() == "loss"
+    assert figure.axes[0].get_xlabel() == "epoch"
+    assert figure._suptitle.get_text() == "classifier: 2 replicas"
+    plots.pyplot().close(figure)
+
+
+def test_validation_is_the_last_tenth_of_the_train_split():
+    import numpy as np
+
+    from keras_ctl.cli import common
+
+    x, y = np.arange(50), np.arange(50) * 2
+    (x_fit, y_fit), (x_val, y_val) = common.validation_split(x, y)
+    np.testing.assert_array_equal(x_fit, np.arange(45))
+    np.testing.assert_array_equal(x_val, np.arange(45, 50))
+    np.testing.assert_array_equal(y_val, np.arange(45, 50) * 2)
+    assert len(y_fit) == 45
 
 
 def test_learning_curves_write_a_png(tmp_path):

@@ -8,7 +8,10 @@ import keras_ctl
 
 PACKAGE = pathlib.Path(keras_ctl.__file__).parent
 LAYERS = [
-    ("ground", ("_replicas", "_topology", "_checks", "_preemption", "_compat")),
+    (
+        "ground",
+        ("_replicas", "_topology", "_checks", "_preemption", "_compat", "_signature"),
+    ),
     ("seam", ("_keras",)),
     ("typed outputs", ("outputs",)),
     ("engine", ("_engine",)),

@@ -1,0 +1,81 @@
+"""Signatures `help()` and `inspect` show for keras_ctl's overrides.
+
+An override that passes `*args, **kwargs` on to Keras (`fit`, `compile`,
+`evaluate`, ...) would show only those. `keras_signature` gives it the
+signature of the Keras method it extends, read from the installed Keras, so
+it follows Keras's own arguments and defaults in every supported version.
+"""
+
+import inspect
+
+
+def keras_signature(keras_method, **keyword_only):
+    """A decorator: the method's `__signature__` becomes `keras_method`'s,
+    with the override's own return annotation and its keyword-only
+    arguments `keyword_only` (`name=(annotation, default)`) added. Keras
+    annotates none of its arguments: they show as `Any`."""
+
+    def decorate(method):
+        signature = inspect.signature(keras_method)
+        parameters = [
+            _any_if_bare(p)
+            for p in signature.parameters.values()
+            if p.kind != p.VAR_KEYWORD and p.name != "self"
+        ]
+        for name, (annotation, default) in keyword_only.items():
+            parameters.append(
+                inspect.Parameter(
+                    name,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=default,
+                    annotation=annotation,
+                )
+            )
+        parameters += [
+            _any_if_bare(p)
+            for p in signature.parameters.values()
+            if p.kind == p.VAR_KEYWORD
+        ]
+        self = inspect.signature(method).parameters["self"]
+        returns = inspect.signature(method).return_annotation
+        method.__signature__ = signature.replace(
+            parameters=[self, *parameters], return_annotation=returns
+        )
+        return method
+
+    return decorate
+
+
+def _any_if_bare(parameter):
+    if parameter.annotation is inspect.Parameter.empty:
+        return parameter.replace(annotation="Any")
+    return parameter
+
+
+# What `help(CTLModel)` shows for Keras's two ways to build a model:
+# `CTLModel(inputs, outputs, name=...)`, or a subclass's `super().__init__()`.
+MODEL_CONSTRUCTOR = inspect.Signature(
+    [
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter(
+            "inputs",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation="Any",
+        ),
+        inspect.Parameter(
+            "outputs",
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation="Any",
+        ),
+        inspect.Parameter(
+            "name",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation="str | None",
+        ),
+        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD, annotation="Any"),
+    ],
+    return_annotation="None",
+)
