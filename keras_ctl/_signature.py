@@ -53,10 +53,9 @@ def _any_if_bare(parameter):
 
 
 # What `help(CTLModel)` shows for Keras's two ways to build a model:
-# `CTLModel(inputs, outputs, name=...)`, or a subclass's `super().__init__()`.
+# `CTLModel(inputs, outputs, name=...)`, or a subclass's `super().__init__(name=...)`.
 MODEL_CONSTRUCTOR = inspect.Signature(
     [
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
         inspect.Parameter(
             "inputs",
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -79,3 +78,17 @@ MODEL_CONSTRUCTOR = inspect.Signature(
     ],
     return_annotation="None",
 )
+
+
+class ConstructorSignature:
+    """The signature `help(cls)` shows for the class it is set on; its
+    subclasses, which may have constructors of their own, keep theirs."""
+
+    def __init__(self, signature):
+        self.signature = signature
+
+    def __set_name__(self, owner, name):
+        self.owner = owner
+
+    def __get__(self, instance, owner):
+        return self.signature if instance is None and owner is self.owner else None

@@ -80,6 +80,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     # See `compile()`.
     _gradient_accumulation = "micro_batches"
 
+    # What `help(CTLModel)` shows. Not on `__init__`: Keras reads its
+    # arguments from `__init__`'s own signature (`Operation.__new__`).
+    __signature__ = _signature.ConstructorSignature(_signature.MODEL_CONSTRUCTOR)
+
     def __new__(cls, *args, **kwargs):
         # A class without a constructor of its own passes its arguments to
         # `__init__` below as they are: decide here, before Keras's
@@ -93,8 +97,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ):
             cls = _conversion.functional_variant(cls)
         return super().__new__(cls)
-
-    __new__.__signature__ = _signature.MODEL_CONSTRUCTOR
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Keras 3.15 makes a `Model` subclass functional by rewriting the
@@ -110,8 +112,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             self.__class__ = _conversion.functional_variant(type(self))
         _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
-
-    __init__.__signature__ = _signature.MODEL_CONSTRUCTOR
 
     @classmethod
     def from_model(cls, model: keras.Model) -> CTLModel:

@@ -71,21 +71,28 @@ def browser(tmp_path_factory):
     session.quit()
 
 
+SHOWN = """
+const text = (selector) => [...document.querySelectorAll(selector)]
+    .map((element) => element.textContent);
+const pictures = [...document.querySelectorAll("article img")];
+return {
+    ready: document.readyState === "complete" && pictures.every((i) => i.complete),
+    title: document.title,
+    headings: text("article h1, article h2, article h3"),
+    code: text("article pre code"),
+    pictures: pictures.map((img) => [img.getAttribute("src"), img.naturalWidth]),
+};
+"""
+
+
 def rendered(browser, url):
-    """What the page at `url` shows: its title, headings, code and pictures."""
+    """What the page at `url` shows once loaded, pictures included: its
+    title, headings, code and pictures (source, width in pixels)."""
+    from selenium.webdriver.support.wait import WebDriverWait
+
     browser.get(url)
-    return browser.execute_script(
-        """
-        const text = (selector) => [...document.querySelectorAll(selector)]
-            .map((element) => element.textContent);
-        return {
-            title: document.title,
-            headings: text("article h1, article h2, article h3"),
-            code: text("article pre code"),
-            pictures: [...document.querySelectorAll("article img")].map((img) =>
-                [img.getAttribute("src"), img.complete ? img.naturalWidth : 0]),
-        };
-        """
+    return WebDriverWait(browser, 60).until(
+        lambda b: (shown := b.execute_script(SHOWN))["ready"] and shown
     )
 
 

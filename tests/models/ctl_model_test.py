@@ -536,7 +536,7 @@ def test_fit_opens_one_iterator_per_epoch_under_a_strategy():
 
 
 class ReadmeStep(keras_ctl.CTLModel):
-    """The README's custom step, as written there."""
+    """The building-blocks step of docs/guides/custom-step.md."""
 
     def train_step(self, data):
         x, y = data

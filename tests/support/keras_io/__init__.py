@@ -49,7 +49,7 @@ AS_WRITTEN = (
     "adamatch",
 )
 # As written, their logged losses are a replica's local means: NaN for a
-# replica without examples (README, "Local means in a step of one's own").
+# replica without examples (docs/good-to-know.md, "Local means in a step of one's own").
 LOCAL_MEANS_LOGGED = ("vae", "simsiam", "adamatch")
 # float64 relative difference and float32 absolute difference allowed.
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}

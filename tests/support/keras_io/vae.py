@@ -3,7 +3,7 @@ its own, and a `train_step` whose losses are `tf.reduce_mean`s over the
 replica's examples.
 
 Such a mean is this replica's only: under R replicas the summed gradients
-are not one device's (README, "Local means in a step of one's own"), so
+are not one device's (docs/good-to-know.md, "Local means in a step of one's own"), so
 this example is run as written, not compared. Changed: sizes (8x8 images,
 smaller layers); `Sampling` draws with `keras.random.normal` and a
 `SeedGenerator` of its own, as the example's Keras 3 version does (the
