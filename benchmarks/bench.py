@@ -506,7 +506,13 @@ def format_collectives_rows(workers, counts):
 
 
 def write_report(
-    args, fit_rows, all_reduce_rows, call_cost_rows, collective_rows, accumulation
+    args,
+    fit_rows,
+    all_reduce_rows,
+    call_cost_rows,
+    collective_rows,
+    accumulation,
+    worker_results=(),
 ):
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -527,7 +533,7 @@ def write_report(
         f"{BATCH}, {args.steps} steps per epoch, {args.rounds} interleaved rounds."
     )
     (out / "benchmark.md").write_text("\n".join(parts) + "\n")
-    speed_ratios(fit_rows, out / "benchmark.png")
+    speed_ratios(fit_rows, worker_results, out / "benchmark.png", parts[-1].strip())
     return out
 
 
@@ -622,9 +628,10 @@ def run(args):
         print("\n" + CALL_COST_HEADER, flush=True)
         call_cost_rows = measure_call_cost(args, strategy_for[replicas])
     print("\n" + COLLECTIVES_HEADER, flush=True)
-    collective_rows, timing_rows = [], []
+    collective_rows, timing_rows, worker_results = [], [], []
     for workers in args.workers:
         counts, timings = measure_collectives(workers, args.rounds, args.steps)
+        worker_results.append((workers, counts, timings))
         rows = format_collectives_rows(workers, counts)
         print("\n".join(rows), flush=True)
         collective_rows += rows
@@ -640,22 +647,48 @@ def run(args):
             print(row, flush=True)
             collective_rows.append(row)
     out = write_report(
-        args, fit_rows, all_reduce_rows, call_cost_rows, collective_rows, accumulation
+        args,
+        fit_rows,
+        all_reduce_rows,
+        call_cost_rows,
+        collective_rows,
+        accumulation,
+        worker_results,
     )
     print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
 
 
-def speed_ratios(rows, path):
-    """Bar chart of the fit rows: CTLModel / keras and CTLModel / hand loop."""
+def speed_ratios(rows, worker_results, path, machine):
+    """The chart: CTLModel.fit's speed against keras.Model.fit and the hand
+    loop (median ratios), then, per worker count, the collectives per step
+    of each candidate next to its hand loop's."""
     plt = plots.pyplot()
+    panels = 1 + len(worker_results)
+    width = max(7, 1.0 * len(rows)) + 5 * len(worker_results)
+    figure, axes = plt.subplots(
+        1,
+        panels,
+        figsize=(width, 4.5),
+        squeeze=False,
+        gridspec_kw={"width_ratios": [max(7, len(rows))] + [5] * len(worker_results)},
+    )
+    _ratio_bars(axes[0][0], rows)
+    for axis, (workers, counts, timings) in zip(axes[0][1:], worker_results):
+        _collective_bars(axis, workers, counts, timings)
+    figure.suptitle(machine, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _ratio_bars(axis, rows):
     labels = [
         f"{row['model']} {row['replicas']}r\nspe {row['spe']}"
         f"{' xla' if row['xla'] else ''}"
         for row in rows
     ]
     positions = range(len(rows))
-    figure, axis = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 3.5))
     for offset, key, label in (
         (-0.2, "ctl/keras", "CTLModel.fit / keras.Model.fit"),
         (0.2, "ctl/loop", "CTLModel.fit / hand loop"),
@@ -664,14 +697,42 @@ def speed_ratios(rows, path):
         axis.bar([p + offset for p in positions], values, width=0.4, label=label)
     for position, row in zip(positions, rows):
         if row["ctl/keras"] is None:  # keras.Model.fit failed there
-            axis.text(position - 0.2, 0.05, "keras fails", rotation=90, fontsize=6)
+            axis.text(position - 0.2, 0.05, "keras fails", rotation=90, fontsize=9)
     axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_xticks(list(positions), labels, fontsize=7)
-    axis.set_ylabel("steps/s ratio (median)")
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    axis.set_ylim(0, 1.3 * max([row["ctl/loop"] or 0 for row in rows] + [1.0]))
+    axis.set_xticks(list(positions), labels, fontsize=9)
+    axis.tick_params(axis="y", labelsize=9)
+    axis.set_ylabel("steps/s ratio (median)", fontsize=10)
+    axis.set_title("speed of CTLModel.fit (above 1: faster)", fontsize=10)
+    axis.legend(fontsize=9)
+
+
+def _collective_bars(axis, workers, counts, timings):
+    names = list(HAND_LOOPS)
+    positions = range(len(names))
+    axis.bar(
+        [p - 0.2 for p in positions],
+        [counts[n] for n in names],
+        width=0.4,
+        label="keras_ctl",
+    )
+    axis.bar(
+        [p + 0.2 for p in positions],
+        [counts[HAND_LOOPS[n]] for n in names],
+        width=0.4,
+        label="hand loop",
+    )
+    labels = [n.removeprefix("CTLModel.").replace(", ", "\n+") for n in names]
+    axis.set_xticks(list(positions), labels, fontsize=9)
+    axis.set_ylim(0, 1.35 * max(counts.values()))
+    axis.tick_params(axis="y", labelsize=9)
+    axis.set_ylabel("collectives per step", fontsize=10)
+    ratio = timings["CTLModel.fit / hand loop"]
+    axis.set_title(
+        f"{workers} worker processes (fit / hand loop speed: {ratio:.2f})",
+        fontsize=10,
+    )
+    axis.legend(fontsize=9)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,10 @@ def test_bench_writes_tables_and_a_chart(tmp_path):
     header = next(h for h in lines if "workers (1 parameter server)" in h)
     assert lines[lines.index(header) + 2].startswith("| 2 |")  # 2 workers
     assert row_after("workers (1 parameter server)")[0] > 0  # steps/s
-    assert (tmp_path / "benchmark.png").read_bytes()[:4] == b"\x89PNG"
+    chart = (tmp_path / "benchmark.png").read_bytes()
+    assert chart[:4] == b"\x89PNG"
+    # 12 inches at 110 dpi: the fit ratios, then the 2 workers' collectives.
+    assert int.from_bytes(chart[16:20], "big") == 1320
 
 
 def test_mixed_precision_trains_in_bfloat16_on_cpu(tmp_path):
