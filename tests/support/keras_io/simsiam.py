@@ -7,10 +7,11 @@ images, a one-convolution backbone, 8-wide heads). As published, the loss
 is `-tf.reduce_mean(...)` over the replica's examples and the heads'
 BatchNormalization normalizes each replica's examples by themselves: both
 are a replica's own, so under R replicas the step is not one device's
-(docs/good-to-know.md, "Local means in a step of one's own"). `parity=True` makes the two
-changes docs/good-to-know.md names, and the example is then exact: the mean through
-a Keras `Loss` object (`keras.losses.CosineSimilarity`, the same
-arithmetic) and `BatchNormalization(synchronized=True)`.
+(docs/good-to-know.md, "Local means in a step of one's own").
+`parity=True` makes the two changes that page names, and the example is
+then exact: the mean through a Keras `Loss` object
+(`keras.losses.CosineSimilarity`, the same arithmetic) and
+`BatchNormalization(synchronized=True)`.
 """
 
 import keras
