@@ -17,6 +17,9 @@ import tensorflow as tf
 def num_replicas() -> int:
     """Returns the number of replicas of the current strategy.
 
+    Returns:
+        `num_replicas_in_sync` of the strategy in scope (1 without one).
+
     Example:
 
     ```python
@@ -31,6 +34,12 @@ def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
 
     Call it inside a replica step. Every replica must call it the same number
     of times in the same order, because it is a collective.
+
+    Args:
+        value: A tensor, the same shape and dtype on every replica.
+
+    Returns:
+        The sum of `value` over all replicas, on every replica.
 
     Example:
 

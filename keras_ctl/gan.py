@@ -106,8 +106,19 @@ class GAN(CTLModel):
             **kwargs: Other `Model.compile()` options (`steps_per_execution`,
                 `jit_compile`, `run_eagerly`).
 
+        Returns:
+            `None`.
+
         Raises:
             ValueError: if an optimizer is missing.
+
+        Example:
+
+        ```python
+        with strategy.scope():
+            gan.compile(d_optimizer=keras.optimizers.Adam(3e-4),
+                        g_optimizer=keras.optimizers.Adam(4e-4))
+        ```
         """
         for name, value in (("d_optimizer", d_optimizer), ("g_optimizer", g_optimizer)):
             if value is None:
@@ -146,6 +157,21 @@ class GAN(CTLModel):
         return [self.d_loss_tracker, self.g_loss_tracker]
 
     def call(self, latents: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """The generator's images for `latents`.
+
+        Args:
+            latents: Latent vectors, `(n, latent_dim)`.
+            training: Whether the generator runs in training mode.
+
+        Returns:
+            The generated images.
+
+        Example:
+
+        ```python
+        images = gan(np.random.default_rng(0).normal(size=(16, 32)))
+        ```
+        """
         return self.generator(latents, training=training)
 
     def train_step(self, data: Any) -> dict[str, Any]:
@@ -190,6 +216,19 @@ class GAN(CTLModel):
 
         Returns:
             This replica's share of the discriminator loss.
+
+        Example:
+
+        ```python
+        class TwoToOne(keras_ctl.GAN):  # a schedule of one's own
+            def train_step(self, data):
+                latents = keras.random.normal((2, tf.shape(data)[0], self.latent_dim))
+                d_loss = self.train_discriminator(data, latents[0])
+                d_loss = self.train_discriminator(data, latents[1])
+                g_loss = self.train_generator(latents[0])
+                return {"d_loss": keras_ctl.ReplicaSum(d_loss),
+                        "g_loss": keras_ctl.ReplicaSum(g_loss)}
+        ```
         """
         if weight is None:
             weight = tf.ones([tf.shape(real)[0]], "float32")
@@ -231,6 +270,12 @@ class GAN(CTLModel):
 
         Returns:
             This replica's share of the generator loss.
+
+        Example:
+
+        ```python
+        g_loss = self.train_generator(latents)  # inside a train_step
+        ```
         """
         if weight is None:
             weight = tf.ones([tf.shape(latents)[0]], "float32")
@@ -302,6 +347,27 @@ class GAN(CTLModel):
 
     @_signature.keras_signature(keras.Model.fit)
     def fit(self, *args: Any, **kwargs: Any) -> keras.callbacks.History:
+        """`keras.Model.fit` for the GAN: `x` holds the real images, and
+        optionally latent vectors, `(n, d_steps + 1, latent_dim)`, as `y`.
+
+        At the end, each optimizer with EMA copies its averages into its own
+        variables (Keras does so only for `model.optimizer`).
+
+        Every argument is `keras.Model.fit()`'s.
+
+        Args:
+            x: The real images, or a dataset of them (and latent vectors).
+            y: Optional latent vectors, `(n, d_steps + 1, latent_dim)`.
+
+        Returns:
+            A `keras.callbacks.History` with `d_loss` and `g_loss`.
+
+        Example:
+
+        ```python
+        history = gan.fit(real_images, batch_size=64, epochs=30)
+        ```
+        """
         pairs = self.optimizers_and_variables()
         before = [int(optimizer.iterations.numpy()) for optimizer, _ in pairs]
         history = super().fit(*args, **kwargs)

@@ -174,6 +174,15 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         Returns:
             A list of `(optimizer, variables)` pairs.
+
+        Example:
+
+        ```python
+        class TwoOptimizers(keras_ctl.CTLModel):
+            def optimizers_and_variables(self):
+                return [(self.optimizer, self.body.trainable_variables),
+                        (self.head_optimizer, self.head.trainable_variables)]
+        ```
         """
         return [(self.optimizer, self.trainable_variables)]
 
@@ -202,6 +211,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         summed together and divided after the sum. Gradients are summed
         before the optimizer clips them.
 
+        Args:
+            data: This replica's part of the batch, `(x, y)` or
+                `(x, y, sample_weight)`.
+
         Returns:
             A dict of logs; metric results are reduced across replicas by
             the step engine.
@@ -226,7 +239,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return self._update_metrics(x, y, sample_weight, step)
 
     def test_step(self, data: Any) -> dict[str, Any]:
-        """One exact evaluation step on this replica's part of the batch."""
+        """One exact evaluation step on this replica's part of the batch.
+
+        Args:
+            data: This replica's part of the batch, `(x, y)` or
+                `(x, y, sample_weight)`.
+
+        Returns:
+            A dict of logs; metric results are reduced across replicas by
+            the step engine.
+        """
         data, batch_size = pad_empty_batch(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         test_pass = self._engine.test_pass
@@ -264,6 +286,30 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         this replica's share: the replicas' gradients sum to one device's,
         as `optimizer.apply` sums them. Outside `strategy.run` it is the
         plain loss.
+
+        Args:
+            x: The inputs (used for the batch size).
+            y: The targets.
+            y_pred: The model's predictions on `x`.
+            sample_weight: Optional weights of the examples.
+            training: Unused, as in Keras's default `compute_loss`.
+
+        Returns:
+            A scalar tensor: the global batch's loss, whose gradient is this
+            replica's share.
+
+        Example:
+
+        ```python
+        def train_step(self, data):  # the keras.io way, exact as written
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            ...
+        ```
         """
         del training
         batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
@@ -291,6 +337,20 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 would (the two differ when the k batches differ in size,
                 e.g. at the end of an epoch). Either way the gradients
                 cross replicas once per update.
+
+        Returns:
+            `None`.
+
+        Example:
+
+        ```python
+        with strategy.scope():
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=4),
+                loss="mse",
+                gradient_accumulation="examples",
+            )
+        ```
         """
         if gradient_accumulation not in accumulation.MODES:
             raise ValueError(
@@ -320,9 +380,35 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def fit(
         self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
     ) -> keras.callbacks.History:
-        """`keras.Model.fit`; under `ParameterServerStrategy` the steps are
-        scheduled on the workers, and `x` may also be a function
-        `dataset_fn(input_context)` returning a `tf.data.Dataset`."""
+        """`keras.Model.fit`, exact under the model's strategy.
+
+        Under `ParameterServerStrategy` the steps are scheduled on the
+        workers, and `x` may also be a function `dataset_fn(input_context)`
+        returning a `tf.data.Dataset`. Under several workers only the chief
+        prints the progress bar unless `verbose` is given.
+
+        Args:
+            x: Input data, as for `keras.Model.fit`.
+            y: Target data, as for `keras.Model.fit`.
+
+        Returns:
+            A `keras.callbacks.History`: each epoch's loss and metrics, equal
+            to one device's.
+
+        Raises:
+            ValueError: naming the argument, for text labels, a dataset of
+                single examples, or a model or optimizer created outside the
+                strategy's scope.
+
+        Example:
+
+        ```python
+        with strategy.scope():
+            model = keras_ctl.CTLModel(inputs, outputs)
+            model.compile(optimizer="adam", loss="mse")
+        history = model.fit(x, y, batch_size=64, epochs=3)
+        ```
+        """
         _checks.numeric_labels(y)
         _checks.batched(x, self)
         validation_data = kwargs.get("validation_data")
@@ -348,7 +434,21 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def save(self, filepath: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """`keras.Model.save`; under several workers every worker saves
         and only the chief's file stays at `filepath` (the others write
-        theirs into a temporary folder, removed after)."""
+        theirs into a temporary folder, removed after).
+
+        Args:
+            filepath: Where the `.keras` file goes.
+
+        Returns:
+            `None`.
+
+        Example:
+
+        ```python
+        model.save("model.keras")  # every worker calls it; the chief writes
+        restored = keras.models.load_model("model.keras")  # a CTLModel
+        ```
+        """
         with _chief_writes.path_for_this_worker(
             filepath, self.distribute_strategy
         ) as path:
@@ -359,7 +459,20 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self, filepath: str | os.PathLike, *args: Any, **kwargs: Any
     ) -> None:
         """`keras.Model.save_weights`, writing as `save()` does under
-        several workers."""
+        several workers.
+
+        Args:
+            filepath: Where the `.weights.h5` file goes.
+
+        Returns:
+            `None`.
+
+        Example:
+
+        ```python
+        model.save_weights("model.weights.h5")
+        ```
+        """
         with _chief_writes.path_for_this_worker(
             filepath, self.distribute_strategy
         ) as path:
@@ -369,6 +482,22 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def evaluate(
         self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
     ) -> float | list[float] | dict[str, float]:
+        """`keras.Model.evaluate`, exact under the model's strategy.
+
+        Args:
+            x: Input data, as for `keras.Model.evaluate`.
+            y: Target data, as for `keras.Model.evaluate`.
+
+        Returns:
+            The loss and metrics of the whole data, as one device computes
+            them (a dict with `return_dict=True`).
+
+        Example:
+
+        ```python
+        results = model.evaluate(x_test, y_test, return_dict=True)
+        ```
+        """
         _checks.numeric_labels(y)
         _checks.batched(x, self)
         if strategies.is_parameter_server(self.distribute_strategy):
@@ -378,8 +507,21 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     @_signature.keras_signature(keras.Model.predict)
     def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-        """As `keras.Model.predict`; data without any example gives arrays
-        with no rows (Keras 3.15 raises `UnboundLocalError`)."""
+        """`keras.Model.predict`, in the order of the data under any strategy.
+
+        Args:
+            x: Input data, as for `keras.Model.predict`.
+
+        Returns:
+            The predictions, as NumPy arrays. Data without any example gives
+            arrays with no rows (Keras 3.15 raises `UnboundLocalError`).
+
+        Example:
+
+        ```python
+        logits = model.predict(x_test, batch_size=256)
+        ```
+        """
         self._predicted_batches = 0
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.predict(self, x, *args, **kwargs)

@@ -69,6 +69,9 @@ def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     must configure its collectives before it starts). Under
     `python -m keras_ctl.launch`, `TF_CONFIG` names the local workers.
 
+    Returns:
+        A `tf.distribute.MultiWorkerMirroredStrategy`.
+
     Raises:
         RuntimeError: if `TF_CONFIG` is not set.
 
@@ -166,6 +169,9 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
     Args:
         strategy: The strategy in use. Defaults to the current one.
 
+    Returns:
+        `True` on the chief (and without a cluster).
+
     Example:
 
     ```python
@@ -184,6 +190,9 @@ def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
 
     Args:
         strategy: The strategy in use. Defaults to the current one.
+
+    Returns:
+        The number of worker processes (1 without a cluster).
 
     Example:
 
@@ -219,6 +228,13 @@ def write_path(
     The TensorFlow multi-worker convention: every worker writes (saving
     takes part in collectives), the chief to `path`, every other worker to a
     temporary sibling, `<path>_workertemp_<index>`, that it deletes after.
+
+    Args:
+        path: The file or folder the chief writes.
+        strategy: The strategy in use. Defaults to the current one.
+
+    Returns:
+        `path` on the chief, the temporary sibling on the other workers.
 
     Example:
 

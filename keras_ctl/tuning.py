@@ -90,7 +90,29 @@ class CTLHyperModel(keras_tuner.HyperModel):
         *args: Any,
         **kwargs: Any,
     ) -> keras.callbacks.History:
-        """Trains `model` for one trial; returns its `History`."""
+        """Trains `model` for one trial, with the trial's batch size.
+
+        keras-tuner calls it; `fit()` gets `batch_size = per replica ×
+        replicas` of the tuner's strategy, and `model.hyperparameters` the
+        trial's values, for a custom `train_step` to read.
+
+        Args:
+            hp: The trial's `keras_tuner.HyperParameters`.
+            model: The model `build(hp)` returned.
+            *args: `model.fit()` arguments, in its order.
+            **kwargs: `model.fit()` arguments, by name.
+
+        Returns:
+            The `keras.callbacks.History` of the trial.
+
+        Example:
+
+        ```python
+        tuner = keras_tuner.RandomSearch(DigitsGAN(batch_sizes_per_replica=[16, 32]),
+                                         objective="g_loss", max_trials=4)
+        tuner.search(images, epochs=5)  # calls fit() for each trial
+        ```
+        """
         per_replica = self.batch_size_per_replica(hp)
         model.hyperparameters = dict(hp.values)
         if per_replica is not None:
@@ -100,7 +122,21 @@ class CTLHyperModel(keras_tuner.HyperModel):
         return model.fit(*args, **kwargs)
 
     def batch_size_per_replica(self, hp: keras_tuner.HyperParameters) -> int | None:
-        """The trial's per-replica batch size, or `None` when not tuned."""
+        """The trial's per-replica batch size, or `None` when not tuned.
+
+        Args:
+            hp: The trial's `keras_tuner.HyperParameters`.
+
+        Returns:
+            The `batch_size_per_replica` choice (a fixed `int` when one size
+            was given), or `None` without `batch_sizes_per_replica`.
+
+        Example:
+
+        ```python
+        per_replica = self.batch_size_per_replica(hp)
+        ```
+        """
         choices = self.batch_sizes_per_replica
         if choices is None:
             return None
@@ -116,6 +152,9 @@ def objective(name: str, direction: str | None = None) -> keras_tuner.Objective:
         name: The logged name, e.g. `"g_loss"` or `"val_accuracy"`.
         direction: `"min"` or `"max"`. Defaults to `"min"` for names that
             contain "loss" and `"max"` otherwise.
+
+    Returns:
+        A `keras_tuner.Objective`.
 
     Example:
 

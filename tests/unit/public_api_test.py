@@ -97,3 +97,31 @@ def test_every_public_function_and_class_has_a_docstring_with_an_example():
 
 def test_the_package_says_it_is_typed():
     assert (pathlib.Path(keras_ctl.__file__).parent / "py.typed").is_file()
+
+
+# What a user calls, besides the functions: the methods Keras does not
+# document for them (Keras's hooks, `train_step` to `get_config`, keep
+# Keras's documentation).
+USER_METHODS = {
+    "CTLModel": (
+        "from_model compile fit evaluate predict save save_weights compute_loss "
+        "optimizers_and_variables"
+    ),
+    "GAN": "compile call fit train_discriminator train_generator",
+    "CTLHyperModel": "fit batch_size_per_replica",
+}
+
+
+def test_what_a_user_calls_says_its_arguments_returns_and_an_example():
+    calls = [(n, f) for n, f in public_objects() if not inspect.isclass(f)]
+    for class_name, methods in USER_METHODS.items():
+        owner = getattr(keras_ctl, class_name)
+        calls += [(f"{class_name}.{m}", getattr(owner, m)) for m in methods.split()]
+    incomplete = []
+    for name, function in calls:
+        doc = inspect.getdoc(function) or ""
+        takes = [p for p in inspect.signature(function).parameters if p != "self"]
+        sections = ["Returns:", "Example"] + (["Args:"] if takes else [])
+        incomplete += [f"{name}: {s}" for s in sections if s not in doc]
+    assert len(calls) > 30
+    assert incomplete == []
