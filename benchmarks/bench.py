@@ -56,6 +56,7 @@ import platform
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -505,15 +506,21 @@ def format_collectives_rows(workers, counts):
     ]
 
 
-def write_report(
-    args,
-    fit_rows,
-    all_reduce_rows,
-    call_cost_rows,
-    collective_rows,
-    accumulation,
-    worker_results=(),
-):
+class Measured(NamedTuple):
+    """Everything one run of the benchmark measured, for `write_report`."""
+
+    fit_rows: list
+    all_reduce_rows: list
+    call_cost_rows: list
+    collective_rows: list  # formatted table rows, worker timings included
+    accumulation: object
+    worker_results: list  # (workers, collective counts, timings)
+
+
+def write_report(args, measured):
+    fit_rows, all_reduce_rows, call_cost_rows, collective_rows, accumulation, _ = (
+        measured
+    )
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
@@ -533,7 +540,7 @@ def write_report(
         f"{BATCH}, {args.steps} steps per epoch, {args.rounds} interleaved rounds."
     )
     (out / "benchmark.md").write_text("\n".join(parts) + "\n")
-    speed_ratios(fit_rows, worker_results, out / "benchmark.png", parts[-1].strip())
+    chart(fit_rows, measured.worker_results, out / "benchmark.png", parts[-1].strip())
     return out
 
 
@@ -646,8 +653,7 @@ def run(args):
             row = f"| {workers} | {rate:.0f} |"
             print(row, flush=True)
             collective_rows.append(row)
-    out = write_report(
-        args,
+    measured = Measured(
         fit_rows,
         all_reduce_rows,
         call_cost_rows,
@@ -655,11 +661,12 @@ def run(args):
         accumulation,
         worker_results,
     )
+    out = write_report(args, measured)
     print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
 
 
-def speed_ratios(rows, worker_results, path, machine):
+def chart(rows, worker_results, path, machine):
     """The chart: CTLModel.fit's speed against keras.Model.fit and the hand
     loop (median ratios), then, per worker count, the collectives per step
     of each candidate next to its hand loop's."""

@@ -6,7 +6,10 @@ signature of the Keras method it extends, read from the installed Keras, so
 it follows Keras's own arguments and defaults in every supported version.
 """
 
+from __future__ import annotations
+
 import inspect
+from typing import Any
 
 
 def keras_signature(keras_method, **keyword_only):
@@ -36,10 +39,10 @@ def keras_signature(keras_method, **keyword_only):
             for p in signature.parameters.values()
             if p.kind == p.VAR_KEYWORD
         ]
-        self = inspect.signature(method).parameters["self"]
-        returns = inspect.signature(method).return_annotation
+        own = inspect.signature(method)
         method.__signature__ = signature.replace(
-            parameters=[self, *parameters], return_annotation=returns
+            parameters=[own.parameters["self"], *parameters],
+            return_annotation=own.return_annotation,
         )
         return method
 
@@ -52,32 +55,15 @@ def _any_if_bare(parameter):
     return parameter
 
 
-# What `help(CTLModel)` shows for Keras's two ways to build a model:
-# `CTLModel(inputs, outputs, name=...)`, or a subclass's `super().__init__(name=...)`.
-MODEL_CONSTRUCTOR = inspect.Signature(
-    [
-        inspect.Parameter(
-            "inputs",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation="Any",
-        ),
-        inspect.Parameter(
-            "outputs",
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            default=None,
-            annotation="Any",
-        ),
-        inspect.Parameter(
-            "name",
-            inspect.Parameter.KEYWORD_ONLY,
-            default=None,
-            annotation="str | None",
-        ),
-        inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD, annotation="Any"),
-    ],
-    return_annotation="None",
-)
+def _model_constructor(
+    inputs: Any = None, outputs: Any = None, *, name: str | None = None, **kwargs: Any
+) -> None:
+    """Keras's two ways to build a model: `CTLModel(inputs, outputs,
+    name=...)`, or a subclass's `super().__init__(name=...)`."""
+
+
+# What `help(CTLModel)` shows.
+MODEL_CONSTRUCTOR = inspect.signature(_model_constructor)
 
 
 class ConstructorSignature:

@@ -30,8 +30,16 @@ def padded(x, y, global_batch):
 
 
 def train(model, x, y, sample_weight=None, **compile_options):
+    # Padded data divides by the weight sum; the reference, Keras's default.
+    reduction = "mean_with_sample_weight" if sample_weight is not None else None
     with model.distribute_strategy.scope():
-        compile_with(model, sample_weight, compile_options)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction=reduction or "sum_over_batch_size"
+            ),
+            **compile_options,
+        )
     model.fit(
         x,
         y,
@@ -42,19 +50,6 @@ def train(model, x, y, sample_weight=None, **compile_options):
         verbose=0,
     )
     return model
-
-
-def compile_with(model, sample_weight, compile_options):
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True,
-            reduction="mean_with_sample_weight"
-            if sample_weight is not None
-            else "sum_over_batch_size",
-        ),
-        **compile_options,
-    )
 
 
 @pytest.mark.parametrize("kind", ["default", "mirrored"])
