@@ -7,11 +7,17 @@ deterministic. Run it as 2 or more workers (MultiWorkerMirroredStrategy):
 
     keras-ctl launch --workers 2 -- python benchmarks/collectives.py OUT.json
 
-The chief writes `{candidate: collectives per step}` to OUT.json, for:
-`CTLModel.fit` (with and without an accuracy metric), `CTLModel.evaluate`
-and `GAN.fit` (`d_steps=1`), and the hand-written loops they replace, each
-taking its batch from the distributed iterator inside its step function as
-`fit()` does (the iterator's own "has data" all-reduce counts for both).
+or in one process on `--replicas` local replicas (MirroredStrategy).
+
+The chief writes `{candidate: {steps_per_execution: collectives per step}}`
+to OUT.json, for `steps_per_execution` 1, 8 and 32, each collective
+weighted by how often it runs (`weighted`), for: `CTLModel.fit` (with and
+without an accuracy metric, and on data of unknown length),
+`CTLModel.evaluate` and `GAN.fit` (`d_steps=1`), and the hand-written
+loops they replace, each taking its batch from the distributed iterator
+inside its step function as `fit()` does (the iterator's own "has data"
+all-reduce counts for both). A hand loop runs one step per call, so its
+count is the same at every `steps_per_execution`.
 
 With `--timings TIMINGS.json [--rounds 11] [--steps 128]` it also times
 `CTLModel.fit` (with and without the metric) against the hand loop,
@@ -26,21 +32,48 @@ import sys
 
 BATCH = 64
 STEPS = 4
+STEPS_PER_EXECUTION = (1, 8, 32)
+_LOOPS = ("While", "StatelessWhile")
+_CONDS = ("If", "StatelessIf")
 
 
-def count(graphs):
-    """Collective ops in `graphs` and the functions they call (one trace)."""
-    total = 0
-    for graph in graphs[:1]:
-        graph_def = graph.as_graph_def()
-        nodes = list(graph_def.node)
-        nodes += [node for f in graph_def.library.function for node in f.node_def]
-        total += sum(node.op.startswith("Collective") for node in nodes)
-    return total
+def weighted(graph, steps_per_execution, replicas=1):
+    """Collectives per step of the step function traced as `graph`.
+
+    Each is weighted by how often it runs: one in a `tf.while_loop`'s body
+    (the steps after an execution's first) `steps_per_execution - 1` times
+    per execution, one outside it once; of a `tf.cond`'s branches, the
+    one with more counts (so an upper bound where the branch taken
+    varies). On one machine a collective is one op per replica, so the
+    ops are divided by `replicas`.
+    """
+    graph_def = graph.as_graph_def()
+    functions = {f.signature.name: f.node_def for f in graph_def.library.function}
+
+    def runs(nodes):
+        total = 0
+        for node in nodes:
+            called = {
+                key: functions[value.func.name]
+                for key, value in node.attr.items()
+                if value.func.name in functions
+            }
+            if node.op.startswith("Collective"):
+                total += 1
+            elif node.op in _LOOPS:
+                body = runs(called["body"]) + runs(called["cond"])
+                total += (steps_per_execution - 1) * body + runs(called["cond"])
+            elif node.op in _CONDS:
+                total += max(runs(branch) for branch in called.values())
+            else:
+                total += sum(runs(function) for function in called.values())
+        return total
+
+    return runs(graph_def.node) / replicas / steps_per_execution
 
 
-def measure(strategy):
-    """`{candidate: collectives per step}` under `strategy`."""
+def measure(strategy, replicas=1):
+    """`{candidate: {steps_per_execution: collectives per step}}`."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -50,32 +83,53 @@ def measure(strategy):
     rng = np.random.default_rng(0)
     x = rng.random((STEPS * BATCH, 784), dtype=np.float32)
     y = rng.integers(0, 10, STEPS * BATCH).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    unknown_length = dataset.filter(lambda x, y: True)
+    images = rng.random((STEPS * BATCH, 8, 8, 1), dtype=np.float32)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     counts = {}
-    for metrics in (["accuracy"], None):
+
+    def record(name, spe, function):
+        value = weighted(function.graphs()[0], spe, replicas)
+        counts.setdefault(name, {})[spe] = value
+
+    for spe in STEPS_PER_EXECUTION:
+        for metrics in (["accuracy"], None):
+            with strategy.scope():
+                model = models.guide_mlp()
+                model.compile(
+                    optimizer="adam",
+                    loss=loss,
+                    metrics=metrics,
+                    steps_per_execution=spe,
+                )
+            model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+            model.evaluate(x, y, batch_size=BATCH, verbose=0)
+            name = "CTLModel.{}" + (", accuracy" if metrics else "")
+            record(name.format("fit"), spe, model.train_function)
+            record(name.format("evaluate"), spe, model.test_function)
         with strategy.scope():
             model = models.guide_mlp()
-            model.compile(optimizer="adam", loss=loss, metrics=metrics)
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-        model.evaluate(x, y, batch_size=BATCH, verbose=0)
-        name = "CTLModel.{}" + (", accuracy" if metrics else "")
-        counts[name.format("fit")] = count(model.train_function.graphs())
-        counts[name.format("evaluate")] = count(model.test_function.graphs())
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+            model.compile(optimizer="adam", loss=loss, steps_per_execution=spe)
+        model.fit(unknown_length, epochs=1, verbose=0)
+        record("CTLModel.fit, data of unknown length", spe, model.train_function)
+        with strategy.scope():
+            gan = models.gan((8, 8, 1), latent_dim=8, seed=0)
+            gan.compile(gan.d_optimizer, gan.g_optimizer, steps_per_execution=spe)
+        gan.fit(images, batch_size=BATCH, epochs=1, verbose=0)
+        record("GAN.fit", spe, gan.train_function)
     train, evaluate = _hand_loop(strategy)
-    counts["hand loop train step, accuracy"] = _count_hand(train, strategy, dataset)
-    counts["hand loop eval step, accuracy"] = _count_hand(evaluate, strategy, dataset)
-    images = rng.random((STEPS * BATCH, 8, 8, 1), dtype=np.float32)
-    with strategy.scope():
-        gan = models.gan((8, 8, 1), latent_dim=8, seed=0)
-    gan.fit(images, batch_size=BATCH, epochs=1, verbose=0)
-    counts["GAN.fit"] = count(gan.train_function.graphs())
     with strategy.scope():
         hand_gan = models.gan((8, 8, 1), latent_dim=8, seed=0)
     images = tf.data.Dataset.from_tensor_slices(images).batch(BATCH)
-    counts["hand GAN step"] = _count_hand(
-        _hand_gan(hand_gan, strategy), strategy, images
-    )
+    hand = {
+        "hand loop train step, accuracy": _count_hand(train, strategy, dataset),
+        "hand loop eval step, accuracy": _count_hand(evaluate, strategy, dataset),
+        "hand GAN step": _count_hand(_hand_gan(hand_gan, strategy), strategy, images),
+    }
+    for name, graph in hand.items():
+        # One step per call at any steps_per_execution.
+        counts[name] = dict.fromkeys(STEPS_PER_EXECUTION, weighted(graph, 1, replicas))
     return counts
 
 
@@ -132,9 +186,10 @@ def time_candidates(strategy, rounds, steps=128):
 
 
 def _count_hand(step, strategy, dataset):
+    """The graph of the hand loop's `step`, traced on `dataset`."""
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     step(iterator)
-    return count([step.get_concrete_function(iterator).graph])
+    return step.get_concrete_function(iterator).graph
 
 
 def _hand_loop(strategy):
@@ -224,12 +279,26 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(prog="python benchmarks/collectives.py")
     parser.add_argument("out")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        help="count in this process on that many local replicas "
+        "(MirroredStrategy; 1: the default strategy), not as a worker",
+    )
     parser.add_argument("--timings", help="also time the candidates, into this file")
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--steps", type=int, default=128)
     args = parser.parse_args(argv)
-    strategy = strategies.multi_worker_strategy()  # first: reads TF_CONFIG
-    results = {args.out: measure(strategy)}
+    replicas = args.replicas
+    if replicas is None:
+        strategy = strategies.multi_worker_strategy()  # first: reads TF_CONFIG
+    elif replicas == 1:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    else:
+        strategy = strategies.local_mirrored_strategy(replicas)
+    results = {args.out: measure(strategy, replicas or 1)}
     if args.timings:
         results[args.timings] = time_candidates(strategy, args.rounds, args.steps)
     if strategies.is_chief(strategy):

@@ -4,7 +4,10 @@
 The loop, for each call of the train (or test) function by `fit()`:
 
     resume plan?  skip the batches a killed run trained on, or end the epoch
-    repeat up to steps_per_execution times, while the data lasts:
+    count = min(steps_per_execution, batches left), when the data's length
+            is known (arrays, a dataset's cardinality)
+    repeat count times (else up to steps_per_execution times, while the
+    data lasts):
         outputs = step(next batch)            # on every replica
     logs = all_reduce_logs(last outputs)      # on every replica, one collective
     return logs
@@ -12,8 +15,10 @@ The loop, for each call of the train (or test) function by `fit()`:
 Keras calls callbacks once per execution, with its last logs, so the logs
 are reduced once per execution too.
 
-Running out of data is handled in one place: `get_next_as_optional` inside
-the loop (Keras's epoch iterator ends the epoch for the first batch).
+Running out of data is handled in one place: when the length is known, the
+count; otherwise `get_next_as_optional` inside the loop (Keras's epoch
+iterator ends the epoch for the first batch), which under several workers
+agrees on it with an all-reduce per batch (`_keras.iterators.next_batch`).
 
 Keras 3.15 reduces every logged value with a mean over replicas (on
 per-replica metric results, a mean of means) and, under
@@ -24,6 +29,7 @@ costs one collective per metric variable. Here every output follows
 collective for all the logs.
 """
 
+import functools
 from typing import Callable
 from typing import NamedTuple
 
@@ -35,6 +41,8 @@ from keras_ctl import _preemption
 from keras_ctl import _topology
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import errors
+from keras_ctl._keras.iterators import DeferredIterator
+from keras_ctl._keras.iterators import next_batch
 from keras_ctl._keras.iterators import opened
 from keras_ctl._keras.iterators import replay_epochs
 
@@ -132,15 +140,50 @@ def make_step_function(parts, step, plan, training=False):
     def one_step(data):
         return reduce_logs(run_step(data))
 
-    def multi_step_of(steps):
+    def counted_steps_of(steps):
+        """`function(iterator, count)`: exactly `count` (<= `steps`) steps,
+        their batches read without asking whether there is one."""
+
         @tf.autograph.experimental.do_not_convert
-        def multi_step(iterator):
+        def counted_steps(iterator, count):
+            def batch():
+                return next_batch(iterator)
+
+            if steps == 1:
+                return one_step(batch())
+            traced = len(tf.compat.v1.get_default_graph().get_operations())
+            outputs = run_step(batch())
+            if _gathers_across_replicas(since=traced):
+                return reduce_logs(
+                    unrolled(steps, outputs, lambda i: (i < count, batch))
+                )
+            _, outputs = tf.while_loop(
+                lambda i, outputs: i < count,
+                lambda i, outputs: (i + 1, run_step(batch())),
+                (tf.constant(1), outputs),
+            )
+            return reduce_logs(outputs)
+
+        return counted_steps
+
+    def checked_steps_of(steps):
+        """`function(iterator)`: up to `steps` steps while the data lasts,
+        every batch read with the workers' agreement on whether any
+        replica has one."""
+
+        @tf.autograph.experimental.do_not_convert
+        def checked_steps(iterator):
             if steps == 1:
                 return one_step(iterator.get_next())
             traced = len(tf.compat.v1.get_default_graph().get_operations())
             outputs = run_step(iterator.get_next())
             if _gathers_across_replicas(since=traced):
-                return reduce_logs(unrolled(steps, iterator, outputs))
+
+                def next_step(i):
+                    data = iterator.get_next_as_optional()
+                    return data.has_value(), data.get_value
+
+                return reduce_logs(unrolled(steps, outputs, next_step))
 
             def keep_going(i, outputs, next_data):
                 return tf.logical_and(i < steps, next_data.has_value())
@@ -162,52 +205,69 @@ def make_step_function(parts, step, plan, training=False):
             )
             return reduce_logs(outputs)
 
-        return multi_step
+        return checked_steps
 
-    def unrolled(steps, iterator, outputs):
-        """The remaining `steps - 1` steps, each traced on its own: a step
-        that all-gathers (sparse gradients, whose rows vary with the batch)
+    def unrolled(steps, outputs, next_step):
+        """Steps 2 to `steps`, each traced on its own; `next_step(i)` gives
+        whether step `i` runs and a function reading its batch. A step that
+        all-gathers (sparse gradients, whose rows vary with the batch)
         cannot run in a `tf.while_loop`, where TensorFlow keeps each
         collective's shape from its first iteration ("Shape mismatch in the
         collective instance" at a smaller last batch, TensorFlow 2.21)."""
-        for _ in range(1, steps):
-            next_data = iterator.get_next_as_optional()
+        for i in range(1, steps):
+            runs, batch = next_step(i)
             outputs = tf.cond(
-                next_data.has_value(),
-                lambda data=next_data: run_step(data.get_value()),
+                runs,
+                lambda batch=batch: run_step(batch()),
                 lambda outputs=outputs: outputs,
             )
         return outputs
 
-    multi_step = multi_step_of(plan.steps_per_execution)
-    eager_multi_step = multi_step
+    steps_per_execution = plan.steps_per_execution
+    checked = checked_steps_of(steps_per_execution)
+    counted = counted_steps_of(steps_per_execution)
+    eager_checked = checked
     if not plan.run_eagerly:
-        multi_step = _ConcreteDispatch(tf.function(multi_step, reduce_retracing=True))
+        checked = _ConcreteDispatch(tf.function(checked, reduce_retracing=True))
+        counted = _ConcreteDispatch(tf.function(counted, reduce_retracing=True))
+    counts = {}
     first_call = [True]
 
     def call(iterator):
         if training and engine.epochs_to_replay is not None:
             replay_epochs(iterator, engine.epochs_to_replay)
             engine.epochs_to_replay = None
-        iterator = opened(iterator)
         resume = engine.resume_plan if training else None
         if resume is not None:
             if resume.finished:
                 engine.resume_plan = None
             else:
-                resume.before_call(iterator, plan.steps_per_execution)
+                resume.before_call(iterator, steps_per_execution)
         if notice is not None:
             _preemption.before_step()
+        deferred = iterator
+        iterator = opened(iterator)
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
-            run = multi_step
+            count = None
+            if isinstance(deferred, DeferredIterator):
+                count = deferred.batches_for_call(steps_per_execution)
             if first_call[0] and parts.builds_on_first_use():
                 # Optimizers, compiled losses and metrics that the step
                 # builds on first use (the keras.io GAN's optimizers, a step
                 # of one's own's compiled metrics) cannot create variables
                 # in a traced replica step.
-                run = eager_multi_step
+                run = eager_checked
+            elif count is None or plan.run_eagerly:
+                run = checked
+            else:
+                if count not in counts:
+                    counts[count] = tf.constant(count)
+                run = functools.partial(counted, count=counts[count])
             first_call[0] = False
-            return _preemption.after_step(_explaining_errors(run, iterator))
+            logs = _explaining_errors(run, iterator)
+            if count is not None:
+                deferred.took(count)
+            return _preemption.after_step(logs)
         # `train_on_batch` and friends pass a plain Python iterator.
         for data in iterator:
             logs = _explaining_errors(one_step, data)
@@ -217,10 +277,12 @@ def make_step_function(parts, step, plan, training=False):
 
     def steps_per_call(count):
         if count not in scheduled:
-            scheduled[count] = tf.function(multi_step_of(count), reduce_retracing=True)
+            scheduled[count] = tf.function(
+                checked_steps_of(count), reduce_retracing=True
+            )
         return scheduled[count]
 
-    return StepFunction(call, multi_step, steps_per_call)
+    return StepFunction(call, [counted, checked], steps_per_call)
 
 
 def _explaining_errors(function, argument):
@@ -251,9 +313,14 @@ class StepFunction:
         return self._call(iterator)
 
     def graphs(self):
-        if not isinstance(self._traced, _ConcreteDispatch):
-            return []  # run eagerly
-        return [concrete.graph for concrete in self._traced.concrete.values()]
+        """The graphs traced so far: those running a known number of steps
+        first, then those that check for data at every step."""
+        return [
+            concrete.graph
+            for function in self._traced
+            if isinstance(function, _ConcreteDispatch)  # not run eagerly
+            for concrete in function.concrete.values()
+        ]
 
 
 class _ConcreteDispatch:
@@ -269,15 +336,15 @@ class _ConcreteDispatch:
         self.function = function
         self.concrete = {}
 
-    def __call__(self, iterator):
+    def __call__(self, iterator, **tensors):
         spec = tf.type_spec_from_value(iterator)
         concrete = self.concrete.get(spec)
         if concrete is not None:
-            return concrete(iterator)
+            return concrete(iterator, **tensors)
         # The first call goes through `tf.function`, which can create
         # variables a step makes lazily (e.g. a loaded model's optimizer).
-        outputs = self.function(iterator)
-        self.concrete[spec] = self.function.get_concrete_function(iterator)
+        outputs = self.function(iterator, **tensors)
+        self.concrete[spec] = self.function.get_concrete_function(iterator, **tensors)
         return outputs
 
 

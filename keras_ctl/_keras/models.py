@@ -9,6 +9,7 @@ from keras.src.saving import object_registration
 from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
 
 from keras_ctl._keras.iterators import DeferredDataset
+from keras_ctl._keras.iterators import known_batches
 
 
 class SymbolicBuildFromFirstReplica:
@@ -103,14 +104,18 @@ def _callable_model(model):
 
 def _batch_spec(epoch_iterator):
     """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
-    adapter = getattr(epoch_iterator, "data_adapter", None)
-    try:
-        dataset = adapter.get_tf_dataset()
-    except Exception:  # an adapter without a tf.data form
-        return None
+    dataset = _tf_dataset(getattr(epoch_iterator, "data_adapter", None))
     if not isinstance(dataset, tf.data.Dataset):
         return None  # e.g. a dataset the user distributed already
     return dataset.element_spec
+
+
+def _tf_dataset(adapter):
+    """The adapter's `tf.data` form, or `None` when it has none."""
+    try:
+        return adapter.get_tf_dataset()
+    except Exception:
+        return None
 
 
 def _defer_iterators(epoch_iterator):
@@ -120,10 +125,18 @@ def _defer_iterators(epoch_iterator):
     """
     dataset = getattr(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
+        adapter = getattr(epoch_iterator, "data_adapter", None)
         # Keras 3.15's adapters whose order the `tf.data` dataset holds.
-        adapter = type(getattr(epoch_iterator, "data_adapter", None)).__name__
-        replayable = adapter in ("ArrayDataAdapter", "TFDatasetAdapter")
-        epoch_iterator._distributed_dataset = DeferredDataset(dataset, replayable)
+        kind = type(adapter).__name__
+        replayable = kind in ("ArrayDataAdapter", "TFDatasetAdapter")
+        # What it distributed: `TFEpochIterator.__init__`.
+        batches = known_batches(_tf_dataset(adapter))
+        if batches is None and kind == "ArrayDataAdapter":
+            # Its pipeline hides the length (a `flat_map`); it counts them.
+            batches = adapter.num_batches
+        epoch_iterator._distributed_dataset = DeferredDataset(
+            dataset, replayable, batches
+        )
 
 
 def _first_replica_batches(epoch_iterator, strategy):
