@@ -136,8 +136,9 @@ def fit_candidate(
     return _warmed_up(lambda: model.fit(dataset, epochs=1, verbose=0))
 
 
-def loop_candidate(build, dataset, strategy, xla):
-    """The guides' hand-written loop, one `tf.function` call per step."""
+def loop_candidate(build, dataset, strategy, xla, wrap_step=None):
+    """The guides' hand-written loop, one `tf.function` call per step
+    (`wrap_step(step)`, when given, is called instead: a timer)."""
     with strategy.scope():
         model = build(keras.Model)
         optimizer = keras.optimizers.Adam(1e-3)
@@ -168,10 +169,11 @@ def loop_candidate(build, dataset, strategy, xla):
         return strategy.reduce("SUM", losses, axis=None)
 
     batches = strategy.experimental_distribute_dataset(dataset)
+    step = wrap_step(distributed_train_step) if wrap_step else distributed_train_step
 
     def run_epoch():
         for x, y in batches:
-            distributed_train_step(x, y)
+            step(x, y)
         accuracy.result()
         accuracy.reset_state()
 
@@ -439,17 +441,35 @@ def measure_parameter_servers(workers, rounds, steps):
     return result["steps_per_s"]
 
 
+def count_collectives(replicas):
+    """Collectives per step on `replicas` local replicas, counted in a
+    fresh process (one device set a process)."""
+    (counts,) = _run_job(
+        None,
+        HERE / "collectives.py",
+        lambda out: [out[0], "--replicas", replicas],
+        outputs=1,
+        rounds=1,
+        steps=1,
+    )
+    return counts
+
+
 def _run_job(cluster, script, output_args, outputs, rounds, steps):
-    """Runs `python script` under the local launcher with `cluster` flags;
-    returns the JSON files it wrote (`output_args` places them)."""
+    """Runs `python script` under the local launcher with `cluster` flags
+    (alone when `None`); returns the JSON files it wrote (`output_args`
+    places them)."""
     import json
     import subprocess
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         paths = [os.path.join(folder, f"{i}.json") for i in range(outputs)]
-        command = [sys.executable, "-m", "keras_ctl_launch", *cluster]
-        command += ["--timeout", 1200, "--", sys.executable, script]
+        command = []
+        if cluster is not None:
+            command += [sys.executable, "-m", "keras_ctl_launch", *cluster]
+            command += ["--timeout", 1200, "--"]
+        command += [sys.executable, script]
         command += output_args(paths)
         command += ["--rounds", rounds, "--steps", steps]
         subprocess.run(
@@ -471,12 +491,13 @@ PARAMETER_SERVERS_HEADER = (
 
 
 COLLECTIVES_HEADER = (
-    "| workers | candidate | collectives per step | hand loop | CTLModel - hand "
-    "loop |\n|---|---|---|---|---|"
+    "| where | candidate | steps_per_execution 1 | 8 | 32 | its hand loop "
+    "(any) |\n|---|---|---|---|---|---|"
 )
 HAND_LOOPS = {
     "CTLModel.fit, accuracy": "hand loop train step, accuracy",
     "CTLModel.fit": "hand loop train step, accuracy",
+    "CTLModel.fit, data of unknown length": "hand loop train step, accuracy",
     "CTLModel.evaluate, accuracy": "hand loop eval step, accuracy",
     "CTLModel.evaluate": "hand loop eval step, accuracy",
     "GAN.fit": "hand GAN step",
@@ -498,10 +519,14 @@ def format_worker_timings_row(workers, t):
     )
 
 
-def format_collectives_rows(workers, counts):
+def format_collectives_rows(where, counts):
+    """Table rows: each candidate's collectives per step at each
+    `steps_per_execution`, weighted by how often each runs, and its hand
+    loop's (one step per call)."""
     return [
-        f"| {workers} | {name} | {counts[name]} | {counts[loop]} | "
-        f"{counts[name] - counts[loop]:+d} |"
+        f"| {where} | {name} | "
+        + " | ".join(f"{counts[name][spe]:.4g}" for spe in ("1", "8", "32"))
+        + f" | {counts[loop]['1']:.4g} |"
         for name, loop in HAND_LOOPS.items()
     ]
 
@@ -636,10 +661,15 @@ def run(args):
         call_cost_rows = measure_call_cost(args, strategy_for[replicas])
     print("\n" + COLLECTIVES_HEADER, flush=True)
     collective_rows, timing_rows, worker_results = [], [], []
+    for replicas in args.replicas:
+        counts = count_collectives(replicas)
+        rows = format_collectives_rows(_plural(replicas, "replica"), counts)
+        print("\n".join(rows), flush=True)
+        collective_rows += rows
     for workers in args.workers:
         counts, timings = measure_collectives(workers, args.rounds, args.steps)
         worker_results.append((workers, counts, timings))
-        rows = format_collectives_rows(workers, counts)
+        rows = format_collectives_rows(_plural(workers, "worker"), counts)
         print("\n".join(rows), flush=True)
         collective_rows += rows
         timing_rows.append(format_worker_timings_row(workers, timings))
@@ -664,6 +694,10 @@ def run(args):
     out = write_report(args, measured)
     print(f"\nWrote {out / 'benchmark.md'} and {out / 'benchmark.png'}.")
     return 0
+
+
+def _plural(count, noun):
+    return f"{count} {noun}" + ("s" if count > 1 else "")
 
 
 def chart(rows, worker_results, path, machine):
@@ -717,29 +751,27 @@ def _ratio_bars(axis, rows):
 def _collective_bars(axis, workers, counts, timings):
     names = list(HAND_LOOPS)
     positions = range(len(names))
-    axis.bar(
-        [p - 0.2 for p in positions],
-        [counts[n] for n in names],
-        width=0.4,
-        label="keras_ctl",
-    )
-    axis.bar(
-        [p + 0.2 for p in positions],
-        [counts[HAND_LOOPS[n]] for n in names],
-        width=0.4,
-        label="hand loop",
-    )
-    labels = [n.removeprefix("CTLModel.").replace(", ", "\n+") for n in names]
-    axis.set_xticks(list(positions), labels, fontsize=9)
-    axis.set_ylim(0, 1.35 * max(counts.values()))
+    for offset, label, values in (
+        (-0.27, "keras_ctl, steps_per_execution 1", [counts[n]["1"] for n in names]),
+        (0.0, "keras_ctl, steps_per_execution 8", [counts[n]["8"] for n in names]),
+        (0.27, "hand loop", [counts[HAND_LOOPS[n]]["1"] for n in names]),
+    ):
+        axis.bar([p + offset for p in positions], values, width=0.27, label=label)
+    labels = [
+        n.removeprefix("CTLModel.").replace("data of unknown length", "unknown length")
+        for n in names
+    ]
+    labels = [label.replace(", ", "\n+") for label in labels]
+    axis.set_xticks(list(positions), labels, fontsize=8)
+    axis.set_ylim(0, 1.5 * max(value["1"] for value in counts.values()))
     axis.tick_params(axis="y", labelsize=9)
-    axis.set_ylabel("collectives per step", fontsize=10)
+    axis.set_ylabel("collectives per step (weighted)", fontsize=10)
     ratio = timings["CTLModel.fit / hand loop"]
     axis.set_title(
         f"{workers} worker processes (fit / hand loop speed: {ratio:.2f})",
         fontsize=10,
     )
-    axis.legend(fontsize=9)
+    axis.legend(fontsize=8)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,7 @@ def measure(strategy, replicas=1):
 
     def record(name, spe, function):
         value = weighted(function.graphs()[0], spe, replicas)
-        counts.setdefault(name, {})[spe] = value
+        counts.setdefault(name, {})[str(spe)] = value
 
     for spe in STEPS_PER_EXECUTION:
         for metrics in (["accuracy"], None):
@@ -129,7 +129,9 @@ def measure(strategy, replicas=1):
     }
     for name, graph in hand.items():
         # One step per call at any steps_per_execution.
-        counts[name] = dict.fromkeys(STEPS_PER_EXECUTION, weighted(graph, 1, replicas))
+        counts[name] = dict.fromkeys(
+            map(str, STEPS_PER_EXECUTION), weighted(graph, 1, replicas)
+        )
     return counts
 
 

@@ -161,10 +161,16 @@ def test_bench_writes_tables_and_a_chart(tmp_path):
         "gradient_accumulation_steps=4): accumulating 1 (the count), updating 2 "
         "(the count, then the gradients), without accumulation 1" in "\n".join(lines)
     )
-    collectives = [line for line in lines if line.startswith("| 2 | CTLModel.")]
-    collectives += [line for line in lines if line.startswith("| 2 | GAN.")]
-    assert "| 2 | CTLModel.fit, accuracy | 3 | 3 | +0 |" in collectives
-    assert len(collectives) == 5
+    # Collectives per step at steps_per_execution 1, 8, 32, and the hand
+    # loop's: on 2 replicas in this process, then under 2 worker processes
+    # (where the hand loop's iterator agrees on "has data" at every step).
+    collectives = [line for line in lines if line.startswith("| 2 replicas |")]
+    assert "| 2 replicas | CTLModel.fit, accuracy | 2 | 1.125 | 1.031 | 1 |" in (
+        collectives
+    )
+    workers = [line for line in lines if line.startswith("| 2 workers |")]
+    assert "| 2 workers | CTLModel.fit, accuracy | 2 | 1.125 | 1.031 | 3 |" in workers
+    assert len(collectives) == len(workers) == 6
 
     # What a fit() call costs beyond its steps (an estimate: noise can make
     # it negative at 3 steps); the 2 workers' timings.
