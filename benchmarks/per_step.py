@@ -3,7 +3,8 @@
 For `CTLModel.fit`, `keras.Model.fit` and the TensorFlow tutorial's hand
 loop (`bench.loop_candidate`: a `tf.function` step called from a Python
 `for` over the distributed dataset), MLP 784-64-64-10 with an accuracy
-metric, Adam, global batch 64, `steps_per_execution=1`, on `--replicas`
+metric, Adam, global batch 64, `--steps-per-execution` (default 1: the
+hand loop has none), on `--replicas`
 local replicas (MirroredStrategy; 1: the default strategy). Each step's
 wall time is split, with two timers and no profiler, into:
 
@@ -21,13 +22,14 @@ wall time is split, with two timers and no profiler, into:
 
 The candidates are interleaved within each of `--rounds` rounds (one
 epoch of `--steps` steps each, after an epoch that traces); medians are
-reported, in microseconds per step. With `--memory` each candidate also
+reported, in microseconds per step, with the median per-round ratios of
+CTLModel.fit's speed to the others'. With `--memory` each candidate also
 trains alone in a fresh process, and the peak resident memory (RSS,
 Linux's `VmHWM`) of 3 epochs after its first is reported: the median of 3
 processes.
 
     python benchmarks/per_step.py --replicas 2 [--rounds 9] [--steps 64]
-        [--memory] [--out FILE.json]
+        [--steps-per-execution 1] [--memory] [--out FILE.json]
 """
 
 import argparse
@@ -65,9 +67,9 @@ class Timer:
         return timed
 
 
-def make_candidates(strategy, steps, call, names=CANDIDATES):
+def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
     """`{name: run one epoch}` of `names`, each traced already; `call`
-    times each step function's calls."""
+    times each step function's calls; `fit()` runs `spe` steps a call."""
     import bench
     import keras
 
@@ -87,8 +89,13 @@ def make_candidates(strategy, steps, call, names=CANDIDATES):
                 optimizer=keras.optimizers.Adam(1e-3),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=["accuracy"],
+                steps_per_execution=spe,
             )
-        model.fit(dataset, epochs=1, verbose=0)  # traces
+        try:
+            model.fit(dataset, epochs=1, verbose=0)  # traces
+        except Exception as error:  # stock Keras fails at some spe
+            print(f"{name} fails: {type(error).__name__}", file=sys.stderr)
+            continue
         # `fit()` reuses the train function it made.
         model.train_function = call.wrap(model.train_function)
         made[name] = _epoch_of(model, dataset)
@@ -106,8 +113,9 @@ def _epoch_of(model, dataset):
 PARTS = ("total", "graph", "opening", "call", "loop")
 
 
-def breakdown(strategy, steps, rounds):
-    """`{candidate: {part: median µs per step}}`, the parts of `PARTS`."""
+def breakdown(strategy, steps, rounds, spe=1):
+    """`{candidate: {part: median µs per step}}`, the parts of `PARTS`, and
+    the median per-round ratios of CTLModel.fit's speed to the others'."""
     import tensorflow as tf
     from tensorflow.python.distribute import input_lib
     from tensorflow.python.eager import execute
@@ -124,7 +132,7 @@ def breakdown(strategy, steps, rounds):
         dataset_class.__iter__ = opening.wrap(
             opening_in_call.wrap(dataset_class.__iter__)
         )
-    candidates = make_candidates(strategy, steps, call)
+    candidates = make_candidates(strategy, steps, call, spe=spe)
     parts = {name: {part: [] for part in PARTS} for name in candidates}
     for _ in range(rounds):
         for name, run_epoch in candidates.items():
@@ -146,10 +154,15 @@ def breakdown(strategy, steps, rounds):
                 ("loop", total - in_call - (in_opening - opened_in_call)),
             ):
                 parts[name][part].append(seconds / steps * 1e6)
-    return {
+    result = {
         name: {part: statistics.median(values) for part, values in by_part.items()}
         for name, by_part in parts.items()
     }
+    ctl = parts["CTLModel.fit"]["total"]
+    for name in set(parts) - {"CTLModel.fit"}:
+        ratios = [other / mine for mine, other in zip(ctl, parts[name]["total"])]
+        result[f"CTLModel.fit / {name} (speed)"] = statistics.median(ratios)
+    return result
 
 
 def peak_memory(name, replicas, steps):
@@ -188,6 +201,7 @@ def main(argv=None):
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--alone", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--out")
@@ -204,7 +218,11 @@ def main(argv=None):
     if args.alone:
         print(train_alone(args.alone, strategy, args.steps))
         return 0
-    result = {"per step (µs)": breakdown(strategy, args.steps, args.rounds)}
+    result = {
+        "per step (µs)": breakdown(
+            strategy, args.steps, args.rounds, args.steps_per_execution
+        )
+    }
     if args.memory:
         result["peak RSS (MiB)"] = {
             name: peak_memory(name, args.replicas, args.steps) for name in CANDIDATES
