@@ -25,11 +25,13 @@ what a `fit()` call costs beyond its steps.
 
 Then the collectives per step (round trips between workers) of
 `CTLModel.fit`, `evaluate` and `GAN.fit` against the hand-written loops,
-counted in the traced step graphs under `--workers` local worker processes
-(`benchmarks/collectives.py`): deterministic where timings of several
-worker processes on a few cores are not; their timings (`CTLModel.fit`
-with and without a metric against the hand loop, `--rounds` interleaved
-rounds) are reported beside them.
+counted in the traced step graphs and weighted by how often each runs, at
+`steps_per_execution` 1, 8 and 32, on each `--replicas` count and under
+`--workers` local worker processes (`benchmarks/collectives.py`):
+deterministic where timings of several worker processes on a few cores are
+not; the workers' timings (`CTLModel.fit` with and without a metric
+against the hand loop, `--rounds` interleaved rounds) are reported beside
+them.
 
 Last, `CTLModel.fit` steps/s under `ParameterServerStrategy` with
 `--ps-workers` local workers and one parameter server (each cluster in its

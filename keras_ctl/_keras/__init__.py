@@ -15,7 +15,8 @@ Modules: `access` (plain accessors), `models` (building from shapes,
 pickling, registration), `optimizers`, `losses`, `layers`, `variables`
 (the patched behaviours, by what they change), `state` (the replica
 step's thread record, `_patch_once`), `steps` (the table of patches and
-`replica_step`), `iterators` (distributed iterators opened on first use).
+`replica_step`), `iterators` (distributed iterators opened on first use,
+counting the batches they have left).
 
 Checked on Keras 3.12.0 and 3.15.1 unless an accessor says otherwise.
 """
@@ -146,4 +147,9 @@ KERAS_INTERNALS = (
     ("keras.src.models.model", "functional_init_arguments"),
     ("keras.src.models.functional", "Functional"),
     ("keras.src.saving.keras_saveable", "KerasSaveable"),
+    # TensorFlow's (2.21), read by `iterators.next_batch`.
+    (
+        "tensorflow.python.distribute.input_lib.DistributedIteratorBase",
+        "_get_next_no_partial_batch_handling",
+    ),
 )
