@@ -126,6 +126,14 @@ def fit_candidate(
     model_class, build, dataset, strategy, spe, xla, metrics=True, **optimizer_options
 ):
     """An epoch of `fit()`, or "fails (Error)" when the warm-up epoch fails."""
+    model = compiled(
+        model_class, build, strategy, spe, xla, metrics, **optimizer_options
+    )
+    return _warmed_up(lambda: model.fit(dataset, epochs=1, verbose=0))
+
+
+def compiled(model_class, build, strategy, spe, xla, metrics=True, **optimizer_options):
+    """`build(model_class)` compiled as every candidate is (Adam 1e-3)."""
     with strategy.scope():
         model = build(model_class)
         model.compile(
@@ -135,7 +143,7 @@ def fit_candidate(
             steps_per_execution=spe,
             jit_compile=xla,
         )
-    return _warmed_up(lambda: model.fit(dataset, epochs=1, verbose=0))
+    return model
 
 
 def loop_candidate(build, dataset, strategy, xla, wrap_step=None):

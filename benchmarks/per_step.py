@@ -83,14 +83,7 @@ def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
     ):
         if name not in names:
             continue
-        with strategy.scope():
-            model = bench.mlp(model_class)
-            model.compile(
-                optimizer=keras.optimizers.Adam(1e-3),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                metrics=["accuracy"],
-                steps_per_execution=spe,
-            )
+        model = bench.compiled(model_class, bench.mlp, strategy, spe, xla=False)
         try:
             model.fit(dataset, epochs=1, verbose=0)  # traces
         except Exception as error:  # stock Keras fails at some spe
