@@ -12,10 +12,7 @@ left, so a step function can read exactly that many without asking the
 workers whether any replica still has data (`next_batch`).
 """
 
-import math
 import warnings
-
-import tensorflow as tf
 
 
 class DeferredDataset:
@@ -24,8 +21,7 @@ class DeferredDataset:
     `replayable`: whether its order comes from the dataset alone (arrays, a
     `tf.data` pipeline), so a resumed run can replay its epochs; not for a
     Python generator or a `PyDataset`, which order themselves. `batches`:
-    the global batches an iterator of it yields (`math.inf` for a repeated
-    dataset), or `None` when unknown.
+    the global batches an iterator of it yields, or `None` when unknown.
     """
 
     def __init__(self, dataset, replayable=True, batches=None):
@@ -59,7 +55,7 @@ class DeferredIterator:
         or `None` when that depends on whether the data lasts."""
         if self.batches_left is None or self.batches_left <= 0:
             return None
-        return int(min(steps_per_execution, self.batches_left))
+        return min(steps_per_execution, self.batches_left)
 
     def took(self, batches):
         if self.batches_left is not None:
@@ -78,18 +74,6 @@ class DeferredIterator:
         batch = next(self.opened())
         self.took(1)
         return batch
-
-
-def known_batches(dataset):
-    """The batches an iterator of the `tf.data.Dataset` `dataset` yields:
-    its cardinality, `math.inf` when it repeats forever, `None` when
-    unknown (a generator, a filter) or not a `tf.data.Dataset`."""
-    if not isinstance(dataset, tf.data.Dataset):
-        return None
-    batches = int(dataset.cardinality())
-    if batches == tf.data.INFINITE_CARDINALITY:
-        return math.inf
-    return batches if batches >= 0 else None
 
 
 def next_batch(iterator):

@@ -9,7 +9,6 @@ from keras.src.saving import object_registration
 from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
 
 from keras_ctl._keras.iterators import DeferredDataset
-from keras_ctl._keras.iterators import known_batches
 
 
 class SymbolicBuildFromFirstReplica:
@@ -104,18 +103,14 @@ def _callable_model(model):
 
 def _batch_spec(epoch_iterator):
     """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
-    dataset = _tf_dataset(getattr(epoch_iterator, "data_adapter", None))
+    adapter = getattr(epoch_iterator, "data_adapter", None)
+    try:
+        dataset = adapter.get_tf_dataset()
+    except Exception:  # an adapter without a tf.data form
+        return None
     if not isinstance(dataset, tf.data.Dataset):
         return None  # e.g. a dataset the user distributed already
     return dataset.element_spec
-
-
-def _tf_dataset(adapter):
-    """The adapter's `tf.data` form, or `None` when it has none."""
-    try:
-        return adapter.get_tf_dataset()
-    except Exception:
-        return None
 
 
 def _defer_iterators(epoch_iterator):
@@ -126,14 +121,11 @@ def _defer_iterators(epoch_iterator):
     dataset = getattr(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
         adapter = getattr(epoch_iterator, "data_adapter", None)
-        # Keras 3.15's adapters whose order the `tf.data` dataset holds.
-        kind = type(adapter).__name__
-        replayable = kind in ("ArrayDataAdapter", "TFDatasetAdapter")
-        # What it distributed: `TFEpochIterator.__init__`.
-        batches = known_batches(_tf_dataset(adapter))
-        if batches is None and kind == "ArrayDataAdapter":
-            # Its pipeline hides the length (a `flat_map`); it counts them.
-            batches = adapter.num_batches
+        # Keras 3.15's adapters whose `tf.data` dataset holds the order and
+        # the batches their `num_batches` counts (None when unknown or
+        # infinite): an array's batches, a dataset's finite cardinality.
+        replayable = type(adapter).__name__ in ("ArrayDataAdapter", "TFDatasetAdapter")
+        batches = adapter.num_batches if replayable else None
         epoch_iterator._distributed_dataset = DeferredDataset(
             dataset, replayable, batches
         )
