@@ -51,10 +51,11 @@ def _is_text(dtype, value):
     return getattr(dtype, "name", None) == "string"  # TensorFlow
 
 
-def made_in_scope(model, created_under):
+def made_in_scope(model, created_under, strategy_of):
     """Raises `ValueError` when the model's weights and its optimizers were
     not all created in the scope of the strategy the model trains under
-    (`created_under`: the strategy the model was created under, or `None`).
+    (`created_under`: the strategy the model was created under, or `None`;
+    `strategy_of(variable)`: the strategy a variable was created under).
 
     TensorFlow's own errors ("Mixing different tf.distribute.Strategy
     objects", "Need to be inside `with strategy.scope()`") name neither the
@@ -71,7 +72,7 @@ def made_in_scope(model, created_under):
     # The model's strategy; a model created without one trains under its
     # optimizer's (Keras takes the current strategy then).
     strategy = created_under or next(
-        (_strategy_of(v) for v in created[-1][2] if _strategy_of(v)), None
+        (strategy_of(v) for v in created[-1][2] if strategy_of(v)), None
     )
     if strategy is None:
         return
@@ -84,7 +85,7 @@ def made_in_scope(model, created_under):
             "scope of the strategy the model was created under."
         )
     for what, create, variables in created:
-        if any(_strategy_of(v) is not strategy for v in variables):
+        if any(strategy_of(v) is not strategy for v in variables):
             raise ValueError(
                 f"{what} created outside `strategy.scope()` of the "
                 f"{type(strategy).__name__} the model trains under. Create "
@@ -94,9 +95,6 @@ def made_in_scope(model, created_under):
             )
 
 
-def _strategy_of(variable):
-    """The strategy a Keras variable was created under (`None`: none)."""
-    return getattr(getattr(variable, "value", None), "_distribute_strategy", None)
 
 
 def batched(x, model):

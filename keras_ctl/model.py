@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,19 @@ from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
 from keras_ctl._replicas import valued_as_global
+
+
+def _in_effect(method):
+    """Runs `method` with keras_ctl's replacements of Keras in place
+    (`_keras.in_effect`): they are Keras's own again when it returns or
+    raises."""
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        with _keras.in_effect():
+            return method(*args, **kwargs)
+
+    return call
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -110,7 +124,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             self, _keras.Functional
         ):
             self.__class__ = _conversion.functional_variant(type(self))
-        _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -156,7 +169,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             model.__class__ = _conversion.functional_variant(cls)
         else:
             model.__class__ = _conversion.converted_class(type(model), cls)
-        _read_sharded_variables_whole()
         # Steps traced for the old class would skip the exact ones.
         model.train_function = model.test_function = None
         model.predict_function = None
@@ -193,7 +205,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         inside a distributed `tf.function`, and a backup can only load into
         variables that exist.
         """
-        _checks.made_in_scope(self, _keras.strategy_created_under(self))
+        self._check_made_in_scope()
         for optimizer, variables in self.optimizers_and_variables():
             variables = list(variables)
             if optimizer is not None and not optimizer.built and variables:
@@ -377,6 +389,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             self.optimizer.build(self.trainable_variables)
 
     @_signature.keras_signature(keras.Model.fit)
+    @_in_effect
     def fit(
         self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
     ) -> keras.callbacks.History:
@@ -417,7 +430,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         strategy = self.distribute_strategy
         if strategies.is_parameter_server(strategy):
             return parameter_servers.fit(self, x, y, *args, **kwargs)
-        _checks.made_in_scope(self, _keras.strategy_created_under(self))
+        self._check_made_in_scope()
         # Under several workers only the chief writes the user's files and,
         # unless `verbose` is given, prints the progress bar.
         if _chief_writes.writes_aside(strategy) and len(args) < 3:
@@ -431,6 +444,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             return super().fit(x, y, *args, **kwargs)
 
     @_signature.keras_signature(keras.Model.save)
+    @_in_effect
     def save(self, filepath: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """`keras.Model.save`; under several workers every worker saves
         and only the chief's file stays at `filepath` (the others write
@@ -455,6 +469,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             return super().save(path, *args, **kwargs)
 
     @_signature.keras_signature(keras.Model.save_weights)
+    @_in_effect
     def save_weights(
         self, filepath: str | os.PathLike, *args: Any, **kwargs: Any
     ) -> None:
@@ -478,7 +493,24 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ) as path:
             return super().save_weights(path, *args, **kwargs)
 
+    @_in_effect
+    def get_weights(self) -> list[np.ndarray]:
+        """`keras.Model.get_weights`, reading a variable sharded across
+        parameter servers as its whole value.
+
+        Returns:
+            The weights, as NumPy arrays.
+
+        Example:
+
+        ```python
+        weights = model.get_weights()
+        ```
+        """
+        return super().get_weights()
+
     @_signature.keras_signature(keras.Model.evaluate)
+    @_in_effect
     def evaluate(
         self, x: Any = None, y: Any = None, *args: Any, **kwargs: Any
     ) -> float | list[float] | dict[str, float]:
@@ -502,10 +534,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         _checks.batched(x, self)
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.evaluate(self, x, y, *args, **kwargs)
-        _checks.made_in_scope(self, _keras.strategy_created_under(self))
+        self._check_made_in_scope()
         return super().evaluate(x, y, *args, **kwargs)
 
     @_signature.keras_signature(keras.Model.predict)
+    @_in_effect
     def predict(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         """`keras.Model.predict`, in the order of the data under any strategy.
 
@@ -526,7 +559,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.predict(self, x, *args, **kwargs)
         _checks.batched(x, self)
-        _checks.made_in_scope(self, _keras.strategy_created_under(self))
+        self._check_made_in_scope()
         try:
             return super().predict(x, *args, **kwargs)
         except UnboundLocalError:
@@ -577,7 +610,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         def predict_function(batches):
             self._predicted_batches += 1
-            return predict_batches(batches)
+            with _keras.in_effect():  # `predict_on_batch` calls it directly
+                return predict_batches(batches)
 
         self.predict_function = predict_function
         return self.predict_function
@@ -591,6 +625,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             # state (nothing of it is saved).
             state = self.__dict__["_engine_state"] = EngineState()
         return state
+
+    def _check_made_in_scope(self):
+        _checks.made_in_scope(
+            self, _keras.strategy_created_under(self), _keras.strategy_of_variable
+        )
 
     def _uses_default_loss(self):
         return type(self).compute_loss is CTLModel.compute_loss
@@ -678,12 +717,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
-
-
-def _read_sharded_variables_whole():
-    # Sharded variables come from a ParameterServerStrategy's partitioner.
-    if strategies.is_parameter_server():
-        _keras.install_sharded_reads()
 
 
 def _input_spec(x):

@@ -311,7 +311,9 @@ class StepFunction:
         self.steps = steps_per_call
 
     def __call__(self, iterator):
-        return self._call(iterator)
+        # Keras's `train_on_batch` and friends call it outside `fit()`.
+        with _keras.in_effect():
+            return self._call(iterator)
 
     def graphs(self):
         """The graphs traced so far: those running a known number of steps

@@ -4,6 +4,7 @@ trackers, the epoch counter, layers; each says why no public hook does it."""
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl._keras import names
 from keras_ctl._keras.state import record_write
 
 
@@ -14,7 +15,7 @@ def compile_loss(model):
     replica; the exact step needs the per-output losses, their paths, weights
     and names to divide each by a global count (`Trainer._compile_loss`).
     """
-    return model._compile_loss
+    return names.attribute(model, "_compile_loss")
 
 
 def compile_loss_terms(compile_loss):
@@ -24,13 +25,13 @@ def compile_loss_terms(compile_loss):
     `pack_like_compile_loss`): a namedtuple `Loss(path, loss, loss_weights,
     name)` per output, read by position.
     """
-    return [tuple(term) for term in compile_loss._flat_losses]
+    return [tuple(term) for term in names.attribute(compile_loss, "_flat_losses")]
 
 
 def user_loss(compile_loss):
     """The `loss` given to `compile()`, as given (`CompileLoss._user_loss`):
     where it is `None` for an output, that output has no label."""
-    return compile_loss._user_loss
+    return names.attribute(compile_loss, "_user_loss")
 
 
 def pack_like_compile_loss(compile_loss, y_true, y_pred):
@@ -51,8 +52,8 @@ def pack_like_compile_loss(compile_loss, y_true, y_pred):
             return tree.pack_sequence_as(structure, tree.flatten(values))
 
     return (
-        pack(compile_loss._y_true_build_structure, y_true),
-        pack(compile_loss._y_pred_build_structure, y_pred),
+        pack(names.attribute(compile_loss, "_y_true_build_structure"), y_true),
+        pack(names.attribute(compile_loss, "_y_pred_build_structure"), y_pred),
     )
 
 
@@ -68,7 +69,7 @@ def loss_tracker(model):
     Keras creates it in `compile()` and lists it first in `model.metrics`,
     but has no public name for it.
     """
-    return model._loss_tracker
+    return names.attribute(model, "_loss_tracker")
 
 
 def add_to_mean(tracker, total, count):
@@ -102,7 +103,7 @@ def _add(variable, value):
 def compile_metrics(model):
     """The `CompileMetrics` built by `compile(metrics=...)`, or `None`
     (`Trainer._compile_metrics`)."""
-    return model._compile_metrics
+    return names.attribute(model, "_compile_metrics")
 
 
 def add_metric_update(metric, *args):
@@ -122,7 +123,8 @@ def all_layers(model):
     """Every layer inside `model`, nested ones too (`Layer._flatten_layers`,
     Keras 3.12-3.15: no public accessor walks a subclassed model's
     attributes)."""
-    return list(model._flatten_layers(include_self=False, recursive=True))
+    flatten = names.attribute(model, "_flatten_layers")
+    return list(flatten(include_self=False, recursive=True))
 
 
 def user_compute_loss(model, x, y, y_pred, sample_weight, training):
@@ -131,18 +133,20 @@ def user_compute_loss(model, x, y, y_pred, sample_weight, training):
     `Trainer._compute_loss`: the compatibility wrapper Keras's own steps use
     for overrides written before Keras 3.3 added `training`.
     """
-    return model._compute_loss(x, y, y_pred, sample_weight, training=training)
+    compute_loss = names.attribute(model, "_compute_loss")
+    return compute_loss(x, y, y_pred, sample_weight, training=training)
 
 
 def initial_epoch(model):
     """The epoch the next `fit()` starts at, when a restored backup set one
     (`Trainer._initial_epoch`), else `None`."""
-    return getattr(model, "_initial_epoch", None)
+    return names.attribute(model, "_initial_epoch", None)
 
 
 def set_initial_epoch(model, epoch):
     """Makes the next `fit()` start at `epoch` (what Keras's own
     `BackupAndRestore` sets on restore: `Trainer._initial_epoch`)."""
+    # Keras sets it only in `BackupAndRestore`; `fit()` reads it.
     model._initial_epoch = epoch
 
 
@@ -160,3 +164,10 @@ def end_epoch_early():
 # (`EpochIterator._interrupted_warning`), for a filter that hides it when the
 # epoch is cut short on purpose.
 RAN_OUT_OF_DATA = "Your input ran out of data"
+
+
+def strategy_of_variable(variable):
+    """The strategy a Keras variable was created under (`None`: none): its
+    TensorFlow variable's `_distribute_strategy` (a `MirroredVariable` has
+    a public `distribute_strategy`, a plain `tf.Variable` none)."""
+    return names.attribute(variable.value, "_distribute_strategy", None)

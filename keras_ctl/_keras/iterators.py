@@ -14,6 +14,8 @@ workers whether any replica still has data (`next_batch`).
 
 import warnings
 
+from keras_ctl._keras import names
+
 
 class DeferredDataset:
     """A distributed dataset whose `iter()` opens nothing yet.
@@ -91,7 +93,7 @@ def next_batch(iterator):
     (TensorFlow itself calls it for infinite datasets); a plain
     `tf.data.Iterator` (one device) has no agreement to skip.
     """
-    read = getattr(iterator, "_get_next_no_partial_batch_handling", None)
+    read = names.attribute(iterator, "_get_next_no_partial_batch_handling", None)
     if read is None:
         return iterator.get_next()
     return read()

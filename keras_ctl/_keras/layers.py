@@ -1,19 +1,17 @@
 """Layers inside a replica step: synchronized BatchNorm's moments without
 the placeholder example, and layers of a replica without examples."""
 
-import keras
 import tensorflow as tf
 from keras import tree
-from keras.src.backend.tensorflow import nn as _tf_nn
 
+from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
-from keras_ctl._keras.state import _patch_once
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import with_placeholder_rows
 
 
-def _install_exact_sync_moments():
+def exact_sync_moments(original):
     """`BatchNormalization(synchronized=True)` counts only real examples,
     in one collective.
 
@@ -25,37 +23,34 @@ def _install_exact_sync_moments():
     Checked on Keras 3.12.0 and 3.15.1.
     """
 
-    def replacement(original):
-        def compute_moments_sync(x, axes, keepdims):
-            real = getattr(_in_step, "real_examples", None)
-            if (
-                not getattr(_in_step, "active", False)
-                or tf.distribute.get_replica_context() is None
-            ):
-                return original(x, axes, keepdims)
-            if real is not None and 0 in axes:
-                x = x[:real]
-            local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
-            local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
-            local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)
-            total, squares, count = tf.unstack(
-                all_reduce_sum(tf.stack([local_sum, local_squares, local_count]))
-            )
-            mean = tf.math.divide_no_nan(total, count)
-            variance = tf.maximum(
-                tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0
-            )
-            if not keepdims:
-                mean = tf.squeeze(mean, axes)
-                variance = tf.squeeze(variance, axes)
-            return mean, variance
+    def compute_moments_sync(x, axes, keepdims):
+        real = getattr(_in_step, "real_examples", None)
+        if (
+            not getattr(_in_step, "active", False)
+            or tf.distribute.get_replica_context() is None
+        ):
+            return original(x, axes, keepdims)
+        if real is not None and 0 in axes:
+            x = x[:real]
+        local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
+        local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
+        local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)
+        total, squares, count = tf.unstack(
+            all_reduce_sum(tf.stack([local_sum, local_squares, local_count]))
+        )
+        mean = tf.math.divide_no_nan(total, count)
+        variance = tf.maximum(
+            tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0
+        )
+        if not keepdims:
+            mean = tf.squeeze(mean, axes)
+            variance = tf.squeeze(variance, axes)
+        return mean, variance
 
-        return compute_moments_sync
-
-    _patch_once(_tf_nn, "_compute_moments_sync", replacement)
+    return compute_moments_sync
 
 
-def _install_layers_of_empty_batches():
+def layers_of_empty_batches(original):
     """A layer called by a step of one's own on a replica without examples
     computes on one placeholder example of zeros, whose row it drops from
     its outputs: the caller gets the empty batch's outputs.
@@ -69,41 +64,38 @@ def _install_layers_of_empty_batches():
     BatchNorm leaves the placeholder out (`real_examples`), and losses,
     metrics and gradients computed from the outputs see no example.
     The default steps pad their data themselves and are left alone.
-    Patches `Layer.__call__` (checked on Keras 3.12.0 and 3.15.1).
+    Replaces `Layer.__call__` (checked on Keras 3.12.0 and 3.15.1).
     """
 
-    def replacement(original):
-        def call(self, *args, **kwargs):
-            if (
-                not getattr(_in_step, "active", False)
-                or getattr(_in_step, "real_examples", None) is not None
-                or num_replicas() == 1
-            ):
-                return original(self, *args, **kwargs)
-            leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
-            if not leaves:
-                return original(self, *args, **kwargs)
-            rows = tf.shape(leaves[0])[0]
-            missing = tf.cast(tf.equal(rows, 0), tf.int32)
-            padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
-            args, kwargs = tree.map_structure(
-                lambda t: padded.get(id(t), t), (args, kwargs)
-            )
-            # The padded batch's static size: `None`, or 1 where TensorFlow
-            # knows the batch was empty (run eagerly, or a static 0).
-            size = padded[id(leaves[0])].shape[0]
-            _in_step.real_examples = rows
-            try:
-                outputs = original(self, *args, **kwargs)
-            finally:
-                _in_step.real_examples = None
-            return tree.map_structure(
-                lambda t: _without_rows(t, missing, size), outputs
-            )
+    def call(self, *args, **kwargs):
+        if (
+            not getattr(_in_step, "active", False)
+            or getattr(_in_step, "real_examples", None) is not None
+            or num_replicas() == 1
+        ):
+            return original(self, *args, **kwargs)
+        leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
+        if not leaves:
+            return original(self, *args, **kwargs)
+        rows = tf.shape(leaves[0])[0]
+        missing = tf.cast(tf.equal(rows, 0), tf.int32)
+        padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
+        args, kwargs = tree.map_structure(
+            lambda t: padded.get(id(t), t), (args, kwargs)
+        )
+        # The padded batch's static size: `None`, or 1 where TensorFlow
+        # knows the batch was empty (run eagerly, or a static 0).
+        size = padded[id(leaves[0])].shape[0]
+        _in_step.real_examples = rows
+        try:
+            outputs = original(self, *args, **kwargs)
+        finally:
+            _in_step.real_examples = None
+        return tree.map_structure(
+            lambda t: _without_rows(t, missing, size), outputs
+        )
 
-        return call
-
-    _patch_once(keras.Layer, "__call__", replacement)
+    return call
 
 
 def _may_be_empty(value):
@@ -120,7 +112,8 @@ def _without_rows(tensor, missing, size):
     if tensor.shape[0] is not None and tensor.shape[0] != size:
         return tensor
     kept = tensor[: tf.shape(tensor)[0] - missing]
-    mask = getattr(tensor, "_keras_mask", None)
+    # Keras's mask rides on the tensor (`_keras_mask`, no public setter).
+    mask = names.attribute(tensor, "_keras_mask", None)
     if mask is not None:
         kept._keras_mask = mask[: tf.shape(mask)[0] - missing]
     return kept

@@ -6,12 +6,9 @@ from typing import NamedTuple
 import tensorflow as tf
 from keras import ops
 from keras import tree
-from keras.src.backend.tensorflow import nn as _tf_nn
-from keras.src.backend.tensorflow import numpy as _tf_numpy
-from keras.src.losses import loss as _loss_module
 
+from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
-from keras_ctl._keras.state import _patch_once
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import valued_as_global
@@ -50,7 +47,6 @@ def loss_parts(loss, y_true, y_pred, sample_weight=None):
     mean what they mean in Keras. A loss that returns one value for the
     batch is taken as that value for each example of this replica.
     """
-    _install_exact_reduction()
     examples = tf.shape(tree.flatten(y_pred)[0])[0]
     previous = getattr(_in_step, "capture", None)
     _in_step.capture = {"examples": examples}
@@ -99,7 +95,7 @@ def _zero_unless(condition, value):
     return tf.where(condition, value, tf.zeros_like(value))
 
 
-def _install_exact_reduction():
+def exact_reduction(original):
     """Keras's loss reduction, exact across replicas inside our steps.
 
     `Loss.__call__` ends with `losses.loss.reduce_weighted_values`, which
@@ -122,92 +118,92 @@ def _install_exact_reduction():
     3.12.0 and 3.15.1.
     """
 
-    def replacement(original):
-        def reduce_weighted_values(
-            values,
-            sample_weight=None,
-            mask=None,
-            reduction="sum_over_batch_size",
-            dtype=None,
+    def reduce_weighted_values(
+        values,
+        sample_weight=None,
+        mask=None,
+        reduction="sum_over_batch_size",
+        dtype=None,
+    ):
+        reduction = names.member("keras.src.losses.loss", "standardize_reduction")(
+            reduction
+        )
+        capture = getattr(_in_step, "capture", None)
+        exact = (
+            getattr(_in_step, "active", False)
+            and num_replicas() > 1
+            and tf.distribute.get_replica_context() is not None
+        )
+        if reduction not in (*_MEAN_REDUCTIONS, "sum") or not (
+            capture is not None or exact
         ):
-            reduction = _loss_module.standardize_reduction(reduction)
-            capture = getattr(_in_step, "capture", None)
-            exact = (
-                getattr(_in_step, "active", False)
-                and num_replicas() > 1
-                and tf.distribute.get_replica_context() is not None
+            return original(values, sample_weight, mask, reduction, dtype)
+        examples = capture["examples"] if capture else None
+        if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
+            return original(values, sample_weight, mask, reduction, dtype)
+        parts = _parts_of(
+            original, values, sample_weight, mask, reduction, dtype, examples
+        )
+        if capture is not None:
+            # The outermost call reduces last: its parts are kept. A
+            # loss called inside it reduces as Keras does, locally.
+            capture["parts"] = parts
+            return original(values, sample_weight, mask, reduction, dtype)
+        real = getattr(_in_step, "real_examples", None)
+        if real is not None:
+            # A replica padded with a placeholder example (see
+            # `count_only_real_examples`) adds nothing, count included.
+            parts = parts._replace(
+                total=_zero_unless(real > 0, parts.total),
+                count=_zero_unless(real > 0, parts.count),
             )
-            if reduction not in (*_MEAN_REDUCTIONS, "sum") or not (
-                capture is not None or exact
-            ):
-                return original(values, sample_weight, mask, reduction, dtype)
-            examples = capture["examples"] if capture else None
-            if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
-                return original(values, sample_weight, mask, reduction, dtype)
-            parts = _parts_of(
-                original, values, sample_weight, mask, reduction, dtype, examples
-            )
-            if capture is not None:
-                # The outermost call reduces last: its parts are kept. A
-                # loss called inside it reduces as Keras does, locally.
-                capture["parts"] = parts
-                return original(values, sample_weight, mask, reduction, dtype)
-            real = getattr(_in_step, "real_examples", None)
-            if real is not None:
-                # A replica padded with a placeholder example (see
-                # `count_only_real_examples`) adds nothing, count included.
-                parts = parts._replace(
-                    total=_zero_unless(real > 0, parts.total),
-                    count=_zero_unless(real > 0, parts.count),
-                )
-            if parts.count is None:
-                return valued_as_global(parts.total)
-            total, count = tf.unstack(
-                all_reduce_sum(tf.stack([tf.stop_gradient(parts.total), parts.count]))
-            )
-            share = tf.math.divide_no_nan(parts.total, count)
-            return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
+        if parts.count is None:
+            return valued_as_global(parts.total)
+        total, count = tf.unstack(
+            all_reduce_sum(tf.stack([tf.stop_gradient(parts.total), parts.count]))
+        )
+        share = tf.math.divide_no_nan(parts.total, count)
+        return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
 
-        return reduce_weighted_values
-
-    _patch_once(_loss_module, "reduce_weighted_values", replacement)
+    return reduce_weighted_values
 
 
-def _install_scores_over_no_class():
-    """Keras's sparse categorical crossentropy and `argmax` of an empty
-    batch whose class count is its batch size (scores of shape `(0, 0)`)
-    give the empty batch's per-example results, inside our steps.
+def crossentropy_over_no_class(original):
+    """Keras's sparse categorical crossentropy of an empty batch whose class
+    count is its batch size (scores of shape `(0, 0)`) gives the empty
+    batch's per-example losses, inside our steps.
 
-    An in-batch contrastive loss and its accuracy (keras.io's SimCLR,
-    NNCLR: each example's positive among the batch's examples) have as many
-    classes as examples, and TensorFlow's kernels refuse zero classes ("Must
-    have at least one class", "Reduction axis -1 is empty") even for zero
-    examples: a replica without examples failed. One device never computes
-    them on an empty batch. Patches the TensorFlow backend's
-    `nn.sparse_categorical_crossentropy` and `numpy.argmax` (checked on
-    Keras 3.15.1).
+    An in-batch contrastive loss (keras.io's SimCLR, NNCLR: each example's
+    positive among the batch's examples) has as many classes as examples,
+    and TensorFlow's kernel refuses zero classes ("Must have at least one
+    class") even for zero examples: a replica without examples failed. One
+    device never computes it on an empty batch. Replaces the TensorFlow
+    backend's `nn.sparse_categorical_crossentropy` (checked on Keras 3.15.1).
     """
 
-    def crossentropy(original):
-        def sparse_categorical_crossentropy(target, output, *args, **kwargs):
-            output = tf.convert_to_tensor(output)
-            return _unless_no_class(
-                output, output.dtype, lambda: original(target, output, *args, **kwargs)
-            )
+    def sparse_categorical_crossentropy(target, output, *args, **kwargs):
+        output = tf.convert_to_tensor(output)
+        return _unless_no_class(
+            output, output.dtype, lambda: original(target, output, *args, **kwargs)
+        )
 
-        return sparse_categorical_crossentropy
+    return sparse_categorical_crossentropy
 
-    def argmax(original):
-        def argmax(x, axis=None, keepdims=False):
-            x = tf.convert_to_tensor(x)
-            if keepdims or axis not in (-1, x.shape.rank - 1):
-                return original(x, axis, keepdims)
-            return _unless_no_class(x, tf.int32, lambda: original(x, axis, keepdims))
 
-        return argmax
+def argmax_over_no_class(original):
+    """Keras's `argmax` over the last axis of empty scores (see
+    `crossentropy_over_no_class`: an in-batch accuracy) gives the empty
+    batch's indices, inside our steps ("Reduction axis -1 is empty").
+    Replaces the TensorFlow backend's `numpy.argmax` (checked on Keras
+    3.15.1)."""
 
-    _patch_once(_tf_nn, "sparse_categorical_crossentropy", crossentropy)
-    _patch_once(_tf_numpy, "argmax", argmax)
+    def argmax(x, axis=None, keepdims=False):
+        x = tf.convert_to_tensor(x)
+        if keepdims or axis not in (-1, x.shape.rank - 1):
+            return original(x, axis, keepdims)
+        return _unless_no_class(x, tf.int32, lambda: original(x, axis, keepdims))
+
+    return argmax
 
 
 def _unless_no_class(scores, dtype, compute):

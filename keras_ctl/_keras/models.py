@@ -4,10 +4,8 @@ import contextlib
 
 import keras
 import tensorflow as tf
-from keras.src.models.functional import Functional
-from keras.src.saving import object_registration
-from keras.src.saving.keras_saveable import KerasSaveable as _KerasSaveable
 
+from keras_ctl._keras import names
 from keras_ctl._keras.iterators import DeferredDataset
 
 
@@ -33,7 +31,7 @@ class SymbolicBuildFromFirstReplica:
             # On one device too: a resumed run replays epochs of its data
             # before it opens the first (`iterators.replay_epochs`).
             _defer_iterators(iterator)
-        if self._distribute_strategy is None or not _callable_model(self):
+        if strategy_created_under(self) is None or not _callable_model(self):
             # Keras builds when the step is traced (a model without `call`,
             # like the keras.io guide's GAN, can only be built so).
             return
@@ -46,7 +44,8 @@ class SymbolicBuildFromFirstReplica:
                 iterator = None
         with strategy.scope(), _compiled_loss_and_metrics_hidden(self):
             try:
-                self._symbolic_build(iterator=iterator, data_batch=data_batch)
+                symbolic_build = names.attribute(self, "_symbolic_build")
+                symbolic_build(iterator=iterator, data_batch=data_batch)
             except StopIteration:
                 raise ValueError(
                     "Expected the data to hold at least one batch: the model "
@@ -74,17 +73,17 @@ def _compiled_loss_and_metrics_hidden(model):
         yield
         return
     # Set past Keras's tracking, which refuses new state once built.
-    hidden = {name: getattr(model, name) for name in _COMPILED}
-    for name in _COMPILED:
+    hidden = {
+        "_compile_loss": names.attribute(model, "_compile_loss"),
+        "_compile_metrics": names.attribute(model, "_compile_metrics"),
+    }
+    for name in hidden:
         object.__setattr__(model, name, None)
     try:
         yield
     finally:
         for name, value in hidden.items():
             object.__setattr__(model, name, value)
-
-
-_COMPILED = ("_compile_loss", "_compile_metrics")
 
 
 def _has_own_step(model):
@@ -98,7 +97,8 @@ def _has_own_step(model):
 
 def _callable_model(model):
     """Whether `model` defines a forward pass (`call`, or a functional graph)."""
-    return isinstance(model, Functional) or type(model).call is not keras.Model.call
+    functional = names.member("keras.src.models.functional", "Functional")
+    return isinstance(model, functional) or type(model).call is not keras.Model.call
 
 
 def _batch_spec(epoch_iterator):
@@ -118,7 +118,7 @@ def _defer_iterators(epoch_iterator):
     use (`TFEpochIterator._distributed_dataset`, returned by its
     `_get_iterator`, is what it calls `iter()` on, one epoch ahead).
     """
-    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    dataset = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
         adapter = getattr(epoch_iterator, "data_adapter", None)
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and
@@ -143,12 +143,12 @@ def _first_replica_batches(epoch_iterator, strategy):
 def build_from_spec(model, element_spec):
     """Builds `model` (under its strategy) from the shapes of a batch, as
     `fit()` does before its first step (`_maybe_symbolic_build`)."""
-    model._maybe_symbolic_build(data_batch=element_spec)
+    names.attribute(model, "_maybe_symbolic_build")(data_batch=element_spec)
 
 
 def strategy_created_under(model):
     """The strategy whose scope `model` was created in, or `None`."""
-    return model._distribute_strategy
+    return names.attribute(model, "_distribute_strategy")
 
 
 @contextlib.contextmanager
@@ -156,8 +156,8 @@ def without_strategy(model):
     """Within it, `model.distribute_strategy` is the current (default) one:
     the strategy the model was created under (`Trainer._distribute_strategy`)
     is set aside."""
-    strategy = model._distribute_strategy
-    model._distribute_strategy = None
+    strategy = strategy_created_under(model)
+    names.set_attribute(model, "_distribute_strategy", None)
     try:
         yield
     finally:
@@ -173,8 +173,9 @@ def reduce_as_saved_model(model):
     it. The loader ignores its class (it loads the file), so `keras.Model`'s
     is the same function under an importable name.
     """
-    _, arguments = _KerasSaveable.__reduce__(model)
-    return keras.Model._unpickle_model, arguments
+    saveable = names.member("keras.src.saving.keras_saveable", "KerasSaveable")
+    _, arguments = saveable.__reduce__(model)
+    return names.attribute(keras.Model, "_unpickle_model"), arguments
 
 
 def register_under_name(cls, name):
@@ -183,4 +184,7 @@ def register_under_name(cls, name):
     `object_registration.GLOBAL_CUSTOM_NAMES`: `register_keras_serializable`
     would also register `cls` as the object to load for `name`.
     """
-    object_registration.GLOBAL_CUSTOM_NAMES[cls] = name
+    custom_names = names.member(
+        "keras.src.saving.object_registration", "GLOBAL_CUSTOM_NAMES"
+    )
+    custom_names[cls] = name

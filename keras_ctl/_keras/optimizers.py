@@ -3,13 +3,10 @@ the EMA after the replicas' step, gradient accumulation's counters."""
 
 import contextlib
 
-import keras
 import tensorflow as tf
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
-from keras.src.optimizers.base_optimizer import BaseOptimizer as _BaseOptimizer
 
+from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
-from keras_ctl._keras.state import _patch_once
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
 
@@ -42,7 +39,6 @@ def gradients_already_summed(optimizer):
     Within it `apply` leaves the EMA out (`use_ema` reads `False` while any
     replica applies); `EmaAfterStep` does it after the replicas' step.
     """
-    _install_summed_gradients_switch()
     family = _optimizer_family(optimizer)
     for member in family:
         applying = getattr(member, _SUMMED_MARK, 0)
@@ -62,8 +58,11 @@ def gradients_already_summed(optimizer):
         for member in family:
             applying = getattr(member, _SUMMED_MARK) - 1
             setattr(member, _SUMMED_MARK, applying)
-            if not applying and getattr(member, _EMA_DEFERRED, False):
-                member.use_ema = True
+            if not applying:
+                # The user's optimizer keeps no mark of keras_ctl's.
+                delattr(member, _SUMMED_MARK)
+                if getattr(member, _EMA_DEFERRED, False):
+                    member.use_ema = True
 
 
 class EmaAfterStep:
@@ -98,8 +97,9 @@ class EmaAfterStep:
 
 
 def _ema(optimizer, iterations_before):
-    variables = optimizer._trainable_variables
-    for variable, average in zip(variables, optimizer._model_variables_moving_average):
+    variables = names.attribute(optimizer, "_trainable_variables")
+    averages = names.attribute(optimizer, "_model_variables_moving_average")
+    for variable, average in zip(variables, averages):
         if average is None:
             continue
         momentum = tf.cast(tf.not_equal(iterations_before, 0), variable.dtype)
@@ -109,7 +109,10 @@ def _ema(optimizer, iterations_before):
     if frequency:
 
         def overwrite():
-            optimizer._overwrite_model_variables_with_average_value(variables)
+            overwrite_with_average = names.attribute(
+                optimizer, "_overwrite_model_variables_with_average_value"
+            )
+            overwrite_with_average(variables)
             return tf.constant(True)
 
         due = tf.equal(optimizer.iterations % frequency, 0)
@@ -132,37 +135,34 @@ def _optimizer_family(optimizer):
     return family
 
 
-def _install_summed_gradients_switch():
+def summed_gradients_switch(original):
     """An optimizer marked by `gradients_already_summed` skips Keras's own
-    sum across replicas (`TFOptimizer._all_reduce_sum_gradients`)."""
+    sum across replicas (replaces `TFOptimizer._all_reduce_sum_gradients`)."""
 
-    def replacement(original):
-        def all_reduce_sum_gradients(self, grads_and_vars):
-            if getattr(self, _SUMMED_MARK, 0):
-                return list(grads_and_vars)
-            return original(self, grads_and_vars)
+    def all_reduce_sum_gradients(self, grads_and_vars):
+        if getattr(self, _SUMMED_MARK, 0):
+            return list(grads_and_vars)
+        return original(self, grads_and_vars)
 
-        return all_reduce_sum_gradients
-
-    _patch_once(TFOptimizer, "_all_reduce_sum_gradients", replacement)
+    return all_reduce_sum_gradients
 
 
 def micro_batch_iterations(optimizer):
     """The steps an optimizer with `gradient_accumulation_steps` has seen
     (`BaseOptimizer._iterations`; its public `iterations` counts updates)."""
-    return optimizer._iterations
+    return names.attribute(optimizer, "_iterations")
 
 
 def keras_accumulators(optimizer):
     """Keras's accumulator of each variable (`BaseOptimizer.
     _accumulated_gradients`, created by `build()` when the optimizer has
     `gradient_accumulation_steps`)."""
-    return optimizer._accumulated_gradients
+    return names.attribute(optimizer, "_accumulated_gradients")
 
 
 def count_micro_batch(optimizer):
     """Counts a step that only accumulated, as Keras's `apply` does."""
-    optimizer._iterations.assign_add(1)
+    names.attribute(optimizer, "_iterations").assign_add(1)
 
 
 @contextlib.contextmanager
@@ -178,21 +178,23 @@ def one_update_of_accumulated_steps(optimizer):
     and 3.15.1.
     """
 
-    def apply_once(grads, trainable_variables):
-        grads = optimizer._clip_gradients(grads)
-        optimizer._apply_weight_decay(trainable_variables)
-        optimizer._backend_update_step(
-            grads, trainable_variables, optimizer.learning_rate
-        )
+    clip = names.attribute(optimizer, "_clip_gradients")
+    decay = names.attribute(optimizer, "_apply_weight_decay")
+    update = names.attribute(optimizer, "_backend_update_step")
 
-    optimizer._backend_apply_gradients = apply_once
+    def apply_once(grads, trainable_variables):
+        grads = clip(grads)
+        decay(trainable_variables)
+        update(grads, trainable_variables, optimizer.learning_rate)
+
+    names.set_attribute(optimizer, "_backend_apply_gradients", apply_once)
     try:
         yield
     finally:
         del optimizer._backend_apply_gradients
 
 
-def _install_summing_apply():
+def summing_apply(original):
     """`optimizer.apply(grads)` called by a step of one's own sums the
     gradients across replicas first, then applies the sum as it is.
 
@@ -201,26 +203,20 @@ def _install_summing_apply():
     `MultiOptimizer.apply`, each its own method), and a loss scale decides
     on that part. Here the sum comes first (one collective, where Keras
     made it), so clipping, the loss scale's check and the EMA see one
-    device's gradient, as in the default step. Checked on Keras 3.12.0 and 3.15.1.
+    device's gradient, as in the default step. Checked on Keras 3.12.0 and
+    3.15.1.
     """
-    classes = [_BaseOptimizer, keras.optimizers.LossScaleOptimizer]
-    if hasattr(keras.optimizers, "MultiOptimizer"):  # Keras >= 3.15
-        classes.append(keras.optimizers.MultiOptimizer)
 
-    def replacement(original):
-        def apply(self, grads, trainable_variables=None):
-            if (
-                not getattr(_in_step, "active", False)
-                or id(self) in getattr(_in_step, "summed", ())
-                or num_replicas() == 1
-                or tf.distribute.get_replica_context() is None
-            ):
-                return original(self, grads, trainable_variables)
-            summed, _ = sum_across_replicas(list(grads))
-            with gradients_already_summed(self):
-                return original(self, summed, trainable_variables)
+    def apply(self, grads, trainable_variables=None):
+        if (
+            not getattr(_in_step, "active", False)
+            or id(self) in getattr(_in_step, "summed", ())
+            or num_replicas() == 1
+            or tf.distribute.get_replica_context() is None
+        ):
+            return original(self, grads, trainable_variables)
+        summed, _ = sum_across_replicas(list(grads))
+        with gradients_already_summed(self):
+            return original(self, summed, trainable_variables)
 
-        return apply
-
-    for cls in classes:
-        _patch_once(cls, "apply", replacement)
+    return apply

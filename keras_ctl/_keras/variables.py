@@ -3,36 +3,32 @@ atomic updates, per-shard gradients and updates, whole reads."""
 
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow.core import Variable as _TFVariable
-from keras.src.backend.tensorflow.optimizer import TFOptimizer
 
+from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
-from keras_ctl._keras.state import _patch_once
 from keras_ctl._keras.state import record_write
 
 
-def _install_write_records():
+def write_records(original):
     """A Keras variable assigned in a replica step is noted there
     (`record_write`): the logs re-read only the metrics a step updated.
 
-    Patches `backend.tensorflow.core.Variable._direct_assign`, where every
+    Replaces `backend.tensorflow.core.Variable._direct_assign`, where every
     Keras `assign`, `assign_add` and `assign_sub` ends (checked on Keras
     3.15.1).
     """
 
-    def replacement(original):
-        def direct_assign(self, value):
-            record_write(self)
-            return original(self, value)
+    def direct_assign(self, value):
+        record_write(self)
+        return original(self, value)
 
-        return direct_assign
-
-    _patch_once(_TFVariable, "_direct_assign", replacement)
+    return direct_assign
 
 
-def _install_atomic_updates():
-    """Under `ParameterServerStrategy`, `variable.assign_add(v)` and
-    `assign_sub(v)` in a step are one atomic update on the parameter server.
+def atomic_update(original, native):
+    """Under `ParameterServerStrategy`, `variable.assign_add(v)` (or
+    `assign_sub`, `native`) in a step is one atomic update on the parameter
+    server.
 
     Keras implements them as `assign(self + v)` (`KerasVariable`): two
     workers that read the same value both write their own sum, and one
@@ -41,22 +37,16 @@ def _install_atomic_updates():
     the variable's device. Checked on Keras 3.12.0 and 3.15.1.
     """
 
-    def replacement(original, native):
-        def update(self, value):
-            record_write(self)
-            if not getattr(_in_step, "active", False) or not isinstance(
-                tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy
-            ):
-                return original(self, value)
-            variable = self.value
-            return getattr(variable, native)(tf.cast(value, variable.dtype))
+    def update(self, value):
+        record_write(self)
+        if not getattr(_in_step, "active", False) or not isinstance(
+            tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy
+        ):
+            return original(self, value)
+        variable = self.value
+        return getattr(variable, native)(tf.cast(value, variable.dtype))
 
-        return update
-
-    for name in ("assign_add", "assign_sub"):
-        _patch_once(
-            _TFVariable, name, lambda original, n=name: replacement(original, n)
-        )
+    return update
 
 
 def gradients(tape, target, variables):
@@ -88,7 +78,7 @@ def gradients(tape, target, variables):
 
 
 def _shards_of(variable):
-    value = getattr(variable, "_value", None)  # a Keras variable's own
+    value = _tf_variable(variable)
     if getattr(value, "is_sharded_variable", False):
         return list(value.variables)
     return []
@@ -116,7 +106,7 @@ def _joined(parts, shards, variable):
     return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0), shape)
 
 
-def _install_sharded_updates():
+def sharded_updates(original):
     """The optimizer updates a variable sharded across parameter servers.
 
     `TFOptimizer._distributed_tf_update_step` wraps each update in
@@ -127,55 +117,67 @@ def _install_sharded_updates():
     server. Checked on Keras 3.12.0 and 3.15.1.
     """
 
-    def replacement(original):
-        def update_step(self, distribution, grads_and_vars, learning_rate):
-            plain = []
-            for grad, variable in grads_and_vars:
-                if getattr(variable, "is_sharded_variable", False):
-                    self.update_step(grad, variable, learning_rate)
-                else:
-                    plain.append((grad, variable))
-            return original(self, distribution, plain, learning_rate)
+    def update_step(self, distribution, grads_and_vars, learning_rate):
+        grads_and_vars = list(grads_and_vars)
+        if not any(_sharded(v) for _, v in grads_and_vars):
+            return original(self, distribution, grads_and_vars, learning_rate)
+        plain = []
+        for grad, variable in grads_and_vars:
+            if _sharded(variable):
+                self.update_step(grad, variable, learning_rate)
+            else:
+                plain.append((grad, variable))
+        return original(self, distribution, plain, learning_rate)
 
-        return update_step
-
-    _patch_once(TFOptimizer, "_distributed_tf_update_step", replacement)
+    return update_step
 
 
-def install_sharded_reads():
-    """A variable sharded across parameter servers reads as its whole value
-    where Keras and TensorFlow read it: `np.asarray(variable)` (what
-    `model.save()` and `get_weights()` use) and checkpoints.
+def _sharded(variable):
+    return getattr(variable, "is_sharded_variable", False)
+
+
+def _tf_variable(variable):
+    """The TensorFlow variable behind a Keras one (`value` may cast it)."""
+    return names.attribute(variable, "_value", None)
+
+
+def _sharded_keras_variable(variable):
+    return _sharded(_tf_variable(variable))
+
+
+def whole_sharded_array(original):
+    """A Keras variable sharded across parameter servers reads as its whole
+    value in `np.asarray(variable)` (what `model.save()` and
+    `get_weights()` use).
 
     `KerasVariable.__array__` calls the TensorFlow variable's `__array__`,
-    and `_serialize_to_tensors` its own or else the variable itself, as a
-    tensor with a device: a `ShardedVariable` has neither. Its `numpy()` and
-    its conversion to a tensor join the shards, so a checkpoint holds the
-    variable as one tensor, which restores under any strategy (`assign`
-    splits it again). Installed when a CTLModel is made under a
-    `ParameterServerStrategy` (where sharded variables come from); other
-    variables are read as Keras reads them. Checked on Keras 3.12.0 and
-    3.15.1.
+    which a `ShardedVariable` lacks; its `numpy()` joins the shards.
+    Replaces `backend.tensorflow.core.Variable.__array__` (checked on Keras
+    3.12.0 and 3.15.1).
     """
 
-    def sharded(variable):
-        return getattr(variable._value, "is_sharded_variable", False)
+    def __array__(self, dtype=None):
+        if _sharded_keras_variable(self):
+            return np.asarray(_tf_variable(self).numpy(), dtype=dtype)
+        return original(self, dtype)
 
-    def array(original):
-        def __array__(self, dtype=None):
-            if sharded(self):
-                return np.asarray(self._value.numpy(), dtype=dtype)
-            return original(self, dtype)
+    return __array__
 
-        return __array__
 
-    def tensors(original):
-        def _serialize_to_tensors(self):
-            if sharded(self):
-                return {"VARIABLE_VALUE": tf.convert_to_tensor(self._value)}
-            return original(self)
+def whole_sharded_checkpoint(original):
+    """A Keras variable sharded across parameter servers is saved in a
+    checkpoint as one tensor, which restores under any strategy (`assign`
+    splits it again).
 
-        return _serialize_to_tensors
+    `KerasVariable._serialize_to_tensors` gives the TensorFlow variable's,
+    or the variable itself as a tensor with a device: a `ShardedVariable`
+    has neither. Replaces `backend.tensorflow.core.Variable.
+    _serialize_to_tensors` (checked on Keras 3.12.0 and 3.15.1).
+    """
 
-    _patch_once(_TFVariable, "__array__", array)
-    _patch_once(_TFVariable, "_serialize_to_tensors", tensors)
+    def _serialize_to_tensors(self):
+        if _sharded_keras_variable(self):
+            return {"VARIABLE_VALUE": tf.convert_to_tensor(_tf_variable(self))}
+        return original(self)
+
+    return _serialize_to_tensors

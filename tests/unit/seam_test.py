@@ -1,60 +1,170 @@
-"""The seam's contract with Keras: every internal it reads or replaces
+"""The seam's contract with Keras: every private name keras_ctl uses is
+looked up in one place, listed by reading the source (not by hand), and
 exists in the installed Keras (`.ci/compat` runs this at both ends of the
-supported range), and every patch is listed once."""
+supported range and on the next Keras); a missing one fails naming itself;
+every replacement is one row of one table."""
 
-import importlib
+import ast
+import pathlib
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
-from keras.src.backend.tensorflow.trainer import TFEpochIterator
 
+import keras_ctl
 from keras_ctl import _keras
+from keras_ctl._keras import names
+
+PACKAGE = pathlib.Path(keras_ctl.__file__).parent
+# Private names of Python itself, not of Keras or TensorFlow.
+PYTHON_PRIVATE = {"_replace", "_exit"}
 
 
-def owner(path):
-    """The module or class that `path` names."""
-    module, _, name = path.rpartition(".")
-    try:
-        return importlib.import_module(path)
-    except ImportError:
-        return getattr(importlib.import_module(module), name)
-
-
-def instances():
-    """One live object of each class whose internals are set per instance."""
+def live_objects():
+    """Live Keras and TensorFlow objects whose private attributes the seam
+    reads, so an attribute set per instance is found too."""
     inputs = keras.Input((3,))
-    model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+    masked = keras.layers.Masking()(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2)(masked))
     model.compile(optimizer="adam", loss="mse", metrics=["mae"])
     x, y = np.zeros((4, 3), "float32"), np.zeros((4, 2), "float32")
     model.fit(x, y, epochs=1, verbose=0)
-    return {
-        "Trainer": model,
-        "TensorFlowTrainer": model,
-        "CompileLoss": model._compile_loss,
-        "BaseOptimizer": model.optimizer,
-        "TFOptimizer": model.optimizer,
-        "Variable": model.weights[0],
-        "TFEpochIterator": TFEpochIterator(
-            x=x, y=y, batch_size=2, distribute_strategy=tf.distribute.get_strategy()
-        ),
-        "Layer": model.layers[1],
-    }
+    epoch_iterator = names.member(
+        "keras.src.backend.tensorflow.trainer", "TFEpochIterator"
+    )(x=x, y=y, batch_size=2, distribute_strategy=tf.distribute.get_strategy())
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    dataset = tf.data.Dataset.from_tensor_slices(x).batch(2)
+    # The state an optimizer builds only for these options.
+    accumulating = keras.optimizers.SGD(gradient_accumulation_steps=2, use_ema=True)
+    accumulating.build(model.trainable_variables)
+    return [
+        accumulating,
+        model,
+        keras.Model,
+        model._compile_loss,
+        model.optimizer,
+        model.weights[0],
+        model.weights[0].value,
+        model.layers[1],
+        model.layers[1](tf.constant(x)),
+        epoch_iterator,
+        iter(strategy.experimental_distribute_dataset(dataset)),
+    ]
 
 
-def test_every_keras_internal_the_seam_uses_exists():
-    live = instances()
+def test_every_private_name_the_seam_uses_exists_in_this_keras():
+    found = _keras.names.inventory()
+    assert {kind for kind, _, _ in found} == {"module", "member", "attribute"}
+    objects = live_objects()
     missing = []
-    for path, attribute in _keras.KERAS_INTERNALS:
-        found = owner(path)
-        instance = live.get(path.rpartition(".")[2])
-        if not (hasattr(found, attribute) or hasattr(instance, attribute)):
-            missing.append(f"{path}.{attribute}")
+    for kind, where, name in found:
+        if kind == "module":
+            names.module(where)
+        elif kind == "member":
+            names.member(where, name)
+        elif not any(hasattr(o, name) for o in objects):
+            missing.append(name)
     assert missing == [], f"Keras {keras.__version__} lacks {missing}"
 
 
-def test_each_patch_is_listed_once_with_what_it_replaces():
-    installers = [install for install, _, _ in _keras.PATCHES]
-    assert len(set(installers)) == len(installers) == 10
-    for install, replaced, when in _keras.PATCHES:
-        assert install.__doc__ and replaced and when
+def private_uses(path):
+    """`[(line, name)]`: private attributes and `keras.src`/`tensorflow.
+    python` imports in `path` that keras_ctl does not define itself."""
+    uses = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        else:
+            modules = []
+        for module in modules:
+            if module.startswith(("keras.src", "tensorflow.python")):
+                uses.append((node.lineno, module))
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            uses.append((node.lineno, node.attr))
+    return [(line, name) for line, name in uses if name not in DEFINED_HERE]
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def defined_in_keras_ctl():
+    """Every name keras_ctl defines: functions, classes, variables,
+    arguments, and attributes it sets on its own objects."""
+    defined = set(PYTHON_PRIVATE)
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and getattr(node.value, "id", None) in ("self", "cls")
+            ):
+                defined.add(node.attr)
+    return defined
+
+
+DEFINED_HERE = defined_in_keras_ctl()
+
+
+def test_private_keras_names_are_used_only_through_the_lookups():
+    looked_up = {name for kind, _, name in names.inventory() if kind == "attribute"}
+    outside, unlisted = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE)
+        if relative == pathlib.Path("_keras/names.py"):
+            continue
+        for line, name in private_uses(path):
+            where = f"{relative}:{line} {name}"
+            if relative.parts[0] != "_keras":
+                outside.append(where)
+            elif name not in looked_up:
+                # Read through `names` elsewhere: a store or `del` of it here
+                # is covered by that lookup.
+                unlisted.append(where)
+    assert outside == [], "private Keras names outside keras_ctl/_keras/"
+    assert unlisted == [], "private names not looked up through `names`"
+
+
+def test_the_inventory_is_read_from_literal_names():
+    for kind, where, name in names.inventory():
+        assert (where if kind != "attribute" else name) is not None, (kind, where)
+        assert kind != "attribute" or _private(name), name
+
+
+def test_a_missing_name_fails_naming_it_and_the_keras_versions():
+    with pytest.raises(names.KerasInternalMissing) as error:
+        names.member("keras.src.losses.loss", "no_such_reduction")
+    message = str(error.value)
+    assert "keras.src.losses.loss.no_such_reduction" in message
+    assert keras.__version__ in message and names.CHECKED_ON in message
+    with pytest.raises(names.KerasInternalMissing, match=r"Dense\._no_such"):
+        names.attribute(keras.layers.Dense(1), "_no_such")
+    with pytest.raises(ImportError, match="keras.src.no_such_module"):
+        names.module("keras.src.no_such_module")
+
+
+def test_a_module_keras_moved_is_found_at_either_place():
+    for old, new in names.MOVED.items():
+        found = names.module(old)
+        assert found.__name__ in (old, new)
+        assert hasattr(found, "__file__")
+
+
+def test_each_replacement_is_one_row_saying_why():
+    rows = [(r.owner(), r.name) for r in _keras.REPLACEMENTS]
+    present = [(owner, name) for owner, name in rows if owner is not None]
+    assert len(set(present)) == len(present) == len(_keras.replaced())
+    for replacement in _keras.REPLACEMENTS:
+        make = getattr(replacement.make, "func", replacement.make)
+        assert make.__doc__ and replacement.why
+    for owner, name in present:
+        assert hasattr(owner, name), f"{owner}.{name}"

@@ -1,0 +1,258 @@
+"""Every attribute of Keras or TensorFlow that keras_ctl replaces, in one
+table, and the scope in which the replacements are in place.
+
+Nothing is replaced on import. `in_effect()` puts the whole table in place
+when the outermost keras_ctl call starts (in any thread) and puts Keras's
+own attributes back when the last one ends: on return, on an exception, on
+`KeyboardInterrupt`. While in place, each replacement does what Keras does
+unless this thread runs a replica step of keras_ctl (`replica_step`) or an
+object keras_ctl marked asks otherwise, so plain Keras in another thread
+keeps Keras's behaviour. Checked on Keras 3.12.0 and 3.15.1; the owners
+are looked up through `names` (3.16 moved some).
+"""
+
+import contextlib
+import functools
+import threading
+from typing import Callable
+from typing import NamedTuple
+
+import keras
+
+from keras_ctl._keras import layers
+from keras_ctl._keras import losses
+from keras_ctl._keras import names
+from keras_ctl._keras import optimizers
+from keras_ctl._keras import variables
+from keras_ctl._keras.state import _in_step
+
+
+class Replacement(NamedTuple):
+    """`owner().name` replaced by `make(original)` while keras_ctl runs.
+
+    `owner` returns the module or class (or `None` where this Keras has
+    none); `why` says why no public hook carries the change.
+    """
+
+    owner: Callable[[], object]
+    name: str
+    make: Callable[[object], object]
+    why: str
+
+
+def _tf_nn():
+    return names.module("keras.src.backend.tensorflow.nn")
+
+
+def _tf_variable():
+    return names.member("keras.src.backend.tensorflow.core", "Variable")
+
+
+def _tf_optimizer():
+    return names.member("keras.src.backend.tensorflow.optimizer", "TFOptimizer")
+
+
+def _base_optimizer():
+    return names.member("keras.src.optimizers.base_optimizer", "BaseOptimizer")
+
+
+REPLACEMENTS = (
+    Replacement(
+        lambda: names.module("keras.src.losses.loss"),
+        "reduce_weighted_values",
+        losses.exact_reduction,
+        "`Loss.__call__` divides by the replica's own count and the replica "
+        "count inside one call; a step of one's own calls its `Loss` objects "
+        "directly, past any wrapper keras_ctl could give the model",
+    ),
+    Replacement(
+        _tf_nn,
+        "sparse_categorical_crossentropy",
+        losses.crossentropy_over_no_class,
+        "TensorFlow's kernel refuses an empty replica's (0, 0) scores, inside "
+        "a `Loss` the user built",
+    ),
+    Replacement(
+        lambda: names.module("keras.src.backend.tensorflow.numpy"),
+        "argmax",
+        losses.argmax_over_no_class,
+        "as above, for the in-batch accuracy a metric computes",
+    ),
+    Replacement(
+        _tf_nn,
+        "_compute_moments_sync",
+        layers.exact_sync_moments,
+        "synchronized BatchNorm has no hook for its moments' counts",
+    ),
+    Replacement(
+        lambda: keras.Layer,
+        "__call__",
+        layers.layers_of_empty_batches,
+        "a step of one's own calls its layers on an empty replica batch; "
+        "no call context reaches every layer it calls",
+    ),
+    Replacement(
+        _base_optimizer,
+        "apply",
+        optimizers.summing_apply,
+        "a step of one's own calls `optimizer.apply` on the user's "
+        "optimizer, which clips before it sums across replicas",
+    ),
+    Replacement(
+        lambda: keras.optimizers.LossScaleOptimizer,
+        "apply",
+        optimizers.summing_apply,
+        "as above (its own `apply`)",
+    ),
+    Replacement(
+        lambda: getattr(keras.optimizers, "MultiOptimizer", None),  # >= 3.15
+        "apply",
+        optimizers.summing_apply,
+        "as above (its own `apply`)",
+    ),
+    Replacement(
+        _tf_optimizer,
+        "_all_reduce_sum_gradients",
+        optimizers.summed_gradients_switch,
+        "Keras 3 has no switch to skip its all-reduce of gradients "
+        "(`skip_gradients_aggregation` was dropped)",
+    ),
+    Replacement(
+        _tf_optimizer,
+        "_distributed_tf_update_step",
+        variables.sharded_updates,
+        "`strategy.extended.update` refuses a variable sharded across "
+        "parameter servers",
+    ),
+    Replacement(
+        _tf_variable,
+        "_direct_assign",
+        variables.write_records,
+        "no hook tells which metric variables a traced step assigns",
+    ),
+    Replacement(
+        _tf_variable,
+        "assign_add",
+        functools.partial(variables.atomic_update, native="assign_add"),
+        "Keras's `assign_add` is a read and a write, which loses updates "
+        "between parameter-server workers",
+    ),
+    Replacement(
+        _tf_variable,
+        "assign_sub",
+        functools.partial(variables.atomic_update, native="assign_sub"),
+        "as above",
+    ),
+    Replacement(
+        _tf_variable,
+        "__array__",
+        variables.whole_sharded_array,
+        "a variable sharded across parameter servers has no `__array__`",
+    ),
+    Replacement(
+        _tf_variable,
+        "_serialize_to_tensors",
+        variables.whole_sharded_checkpoint,
+        "a variable sharded across parameter servers has no tensor to save",
+    ),
+)
+
+_lock = threading.Lock()
+_users = 0
+# (owner, name, Keras's own entry of `vars(owner)` or `_ABSENT`, replacement)
+_installed = []
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def in_effect():
+    """Within it, the replacements are in place, in every thread; they are
+    Keras's own attributes again when the last `in_effect` of the process
+    ends. Nests and may be entered from several threads at once."""
+    global _users
+    with _lock:
+        if _users == 0:
+            _install()
+        _users += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _users -= 1
+            if _users == 0:
+                _restore()
+
+
+def _install():
+    try:
+        for replacement in REPLACEMENTS:
+            owner = replacement.owner()
+            if owner is None:
+                continue
+            name = replacement.name
+            current = getattr(owner, name)
+            if any(current is new for *_, new in _installed):
+                continue  # inherited from a class replaced already
+            own = vars(owner).get(name, _ABSENT)
+            new = replacement.make(current)
+            setattr(owner, name, new)
+            _installed.append((owner, name, own, new))
+    except BaseException:
+        _restore()
+        raise
+
+
+def _restore():
+    while _installed:
+        owner, name, own, new = _installed.pop()
+        if vars(owner).get(name) is not new:
+            continue  # replaced again by someone else since: leave theirs
+        if own is _ABSENT:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, own)
+
+
+def replaced():
+    """`[(owner, name)]` of every attribute the table replaces in this Keras."""
+    return [
+        (owner, r.name) for r in REPLACEMENTS if (owner := r.owner()) is not None
+    ]
+
+
+@contextlib.contextmanager
+def replica_step(written=None):
+    """Within it (in this thread), Keras code called by a replica step is
+    exact across replicas: `Loss` objects, synchronized BatchNorm, layers of
+    a replica without examples, `optimizer.apply`, and variables that
+    workers share or parameter servers shard (`REPLACEMENTS`). The ids of
+    the variables it assigns are added to the set `written`, when given."""
+    with in_effect():
+        previous = vars(_in_step).copy()
+        _in_step.active = True
+        _in_step.real_examples = None
+        _in_step.written = written
+        try:
+            yield
+        finally:
+            vars(_in_step).clear()
+            vars(_in_step).update(previous)
+
+
+def loss_parts(loss, y_true, y_pred, sample_weight=None):
+    """`losses.loss_parts`, with the exact reduction in place."""
+    with in_effect():
+        return losses.loss_parts(loss, y_true, y_pred, sample_weight)
+
+
+@contextlib.contextmanager
+def gradients_already_summed(optimizer):
+    """`optimizers.gradients_already_summed`, with Keras's all-reduce of
+    gradients switchable."""
+    with in_effect(), optimizers.gradients_already_summed(optimizer):
+        yield
+
+
+def updated_metrics(metrics, written):
+    """The `metrics` any of whose variables a step assigned (`written`)."""
+    return [m for m in metrics if any(id(v) in written for v in m.variables)]
