@@ -1,4 +1,5 @@
-"""Keras's own tests with `Model` meaning `keras_ctl.CTLModel`.
+"""Keras's own tests with `Model` meaning `keras_ctl.CTLModel`, or with
+plain `keras.Model` beside keras_ctl (`--coexist`).
 
 Downloads the installed Keras version's source distribution (its tests
 ship there), copies each test file twice, as it is and with every use of
@@ -7,8 +8,13 @@ per file and side), and reports each test that passes with `keras.Model`
 and fails with `CTLModel`, re-run alone to tell an order effect from a
 real failure. Exits 1 when any regression remains.
 
-Usage: python .ci/keras_suite.py [--out DIR] [test files relative to
-keras/src/ ...]
+With `--coexist`, the second copy is the file as it is too, run in a
+process where a `CTLModel` (Keras's step and a step of one's own) and a
+`keras_ctl.GAN` have trained first (from its `conftest.py`): a regression
+is a test that passes without keras_ctl and fails after it.
+
+Usage: python .ci/keras_suite.py [--out DIR] [--coexist] [test files
+relative to keras/src/ ...]
 """
 
 import argparse
@@ -18,6 +24,7 @@ import subprocess
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
+from importlib import metadata
 from pathlib import Path
 
 import keras
@@ -74,18 +81,70 @@ def pytest_configure(config):
 '''
 
 
+# keras_ctl trains first, then the file's tests run with plain keras.Model.
+COEXIST_CONFTEST = CONFTEST + '''
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_ctl
+
+
+class _OwnStep(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+        self.optimizer.apply(
+            tape.gradient(loss, self.trainable_variables), self.trainable_variables
+        )
+        return {"loss": loss}
+
+
+def pytest_sessionstart(session):
+    x = np.random.default_rng(0).random((20, 4)).astype("float32")
+    y = x[:, :1]
+    for cls in (keras_ctl.CTLModel, _OwnStep):
+        inputs = keras.Input((4,))
+        model = cls(inputs, keras.layers.Dense(1)(inputs))
+        model.compile(optimizer="adam", loss="mse")
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        model.evaluate(x, y, verbose=0)
+        model.predict(x, verbose=0)
+    gan = keras_ctl.GAN(
+        keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]),
+        keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)]),
+        latent_dim=2,
+    )
+    gan.compile(d_optimizer="sgd", g_optimizer="sgd")
+    gan.fit(x, batch_size=8, epochs=1, verbose=0)
+'''
+
+
+def distribution():
+    """The installed Keras's distribution: `keras` or `keras-nightly`."""
+    try:
+        metadata.version("keras-nightly")
+        return "keras-nightly"
+    except metadata.PackageNotFoundError:
+        return "keras"
+
+
 def sources(cache):
     """The unpacked source distribution of the installed Keras."""
-    root = cache / f"keras-{keras.__version__}"
-    if not root.exists():
+    version = keras.__version__
+    found = sorted(cache.glob(f"keras*-{version}/keras/src"))
+    if not found:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--no-binary", ":all:", f"keras=={keras.__version__}", "-d", str(cache)],
+             "--no-binary", ":all:", f"{distribution()}=={version}", "-d", str(cache)],
             check=True,
         )
-        with tarfile.open(cache / f"keras-{keras.__version__}.tar.gz") as archive:
+        (archive_path,) = cache.glob(f"keras*-{version}.tar.gz")
+        with tarfile.open(archive_path) as archive:
             archive.extractall(cache, filter="data")
-    return root / "keras" / "src"
+        found = sorted(cache.glob(f"keras*-{version}/keras/src"))
+    return found[0]
 
 
 def rewrite(text, rules):
@@ -125,20 +184,27 @@ def node_id(name):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/keras-suite")
+    parser.add_argument("--coexist", action="store_true")
     parser.add_argument("files", nargs="*", default=FILES)
     args = parser.parse_args()
     out = Path(args.out).resolve()
     src = sources(out / "cache")
-    summary = {"keras": keras.__version__, "files": {}, "regressions": []}
+    mode = "coexist" if args.coexist else "CTLModel"
+    summary = {"keras": keras.__version__, "mode": mode, "files": {}, "regressions": []}
     for relative in args.files:
         original = rewrite((src / relative).read_text(), NEUTRAL)
         name = relative.replace("/", "__")
         sides = {}
         ctl = "import keras_ctl  # noqa\n" + rewrite(original, REWRITES)
+        if args.coexist:
+            ctl = original
         for side, text in (("keras", original), ("ctl", ctl)):
             directory = out / side
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / "conftest.py").write_text(CONFTEST)
+            coexisting = args.coexist and side == "ctl"
+            (directory / "conftest.py").write_text(
+                COEXIST_CONFTEST if coexisting else CONFTEST
+            )
             test_file = directory / name
             test_file.write_text(text)
             sides[side] = run(directory, test_file)
@@ -146,11 +212,13 @@ def main():
             raise SystemExit(f"{relative}: no test passed with keras.Model")
         keras_passed = {t for t, ok in sides["keras"].items() if ok}
         ctl_passed = {t for t, ok in sides["ctl"].items() if ok}
+        expected_here = {} if args.coexist else EXPECTED
         failing = sorted(
-            t for t in keras_passed - ctl_passed if t.split("::")[1] not in EXPECTED
+            t for t in keras_passed - ctl_passed
+            if t.split("::")[1] not in expected_here
         )
         expected = sorted(
-            t for t in keras_passed - ctl_passed if t.split("::")[1] in EXPECTED
+            t for t in keras_passed - ctl_passed if t.split("::")[1] in expected_here
         )
         alone = {}
         for test in failing:
@@ -160,7 +228,7 @@ def main():
             "keras.Model passed": len(keras_passed),
             "CTLModel passed": len(ctl_passed & keras_passed),
             "regressions": len(failing),
-            "expected": {t: EXPECTED[t.split("::")[1]] for t in expected},
+            "expected": {t: expected_here[t.split("::")[1]] for t in expected},
         }
         summary["regressions"] += [
             {"file": relative, "test": t, "alone": alone[t]} for t in failing

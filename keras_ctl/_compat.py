@@ -10,8 +10,12 @@ from importlib import metadata
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-# The TensorFlow distributions a user may bring; they share one version line.
-_TENSORFLOW = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly")
+# The distributions of each package a user may bring; each shares one version
+# line (keras-nightly 3.16.0.dev... is Keras 3.16 to come).
+_DISTRIBUTIONS = {
+    "keras": ("keras", "keras-nightly"),
+    "tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tf-nightly"),
+}
 
 
 def supported_ranges():
@@ -34,8 +38,8 @@ def supported_ranges():
 
 
 def installed_version(name):
-    """The installed version of `name` ("tensorflow": any TF distribution)."""
-    for distribution in _TENSORFLOW if name == "tensorflow" else (name,):
+    """The installed version of `name` (any of its distributions)."""
+    for distribution in _DISTRIBUTIONS.get(name, (name,)):
         try:
             return Version(metadata.version(distribution))
         except metadata.PackageNotFoundError:

@@ -23,14 +23,6 @@ opened on first use, counting the batches they have left).
 """
 
 from keras_ctl._keras import names
-
-# Keras's functional class and the test `Model.__new__` applies to a
-# constructor's arguments (no public name for either).
-Functional = names.member("keras.src.models.functional", "Functional")
-functional_init_arguments = names.member(
-    "keras.src.models.model", "functional_init_arguments"
-)
-
 from keras_ctl._keras.access import RAN_OUT_OF_DATA
 from keras_ctl._keras.access import add_metric_update
 from keras_ctl._keras.access import add_to_mean
@@ -54,21 +46,28 @@ from keras_ctl._keras.models import reduce_as_saved_model
 from keras_ctl._keras.models import register_under_name
 from keras_ctl._keras.models import strategy_created_under
 from keras_ctl._keras.models import without_strategy
+from keras_ctl._keras.names import KerasInternalMissing
 from keras_ctl._keras.optimizers import EmaAfterStep
 from keras_ctl._keras.optimizers import count_micro_batch
 from keras_ctl._keras.optimizers import keras_accumulators
 from keras_ctl._keras.optimizers import micro_batch_iterations
 from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
-from keras_ctl._keras.names import KerasInternalMissing
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
 from keras_ctl._keras.replacements import loss_parts
-from keras_ctl._keras.replacements import replica_step
 from keras_ctl._keras.replacements import replaced
+from keras_ctl._keras.replacements import replica_step
 from keras_ctl._keras.replacements import updated_metrics
 from keras_ctl._keras.state import count_only_real_examples
 from keras_ctl._keras.variables import gradients
+
+# Keras's functional class and the test `Model.__new__` applies to a
+# constructor's arguments (no public name for either).
+Functional = names.member("keras.src.models.functional", "Functional")
+functional_init_arguments = names.member(
+    "keras.src.models.model", "functional_init_arguments"
+)
 
 __all__ = [
     "EmaAfterStep",

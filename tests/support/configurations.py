@@ -371,6 +371,21 @@ def sweep(seeds, replicas, floatx="float64", one_device=True):
             yield seed, where, passed, found
 
 
+def alternate(seeds, ctl=True, strategy=None):
+    """Runs each seed's configuration twice in this process, first with a
+    plain `keras.Model`, then with `CTLModel` under `strategy` (with
+    `keras.Model` again when not `ctl`: the control sequence); the first
+    seed in float32, the others in float64. Returns the runs, in order."""
+    runs = []
+    for index, seed in enumerate(seeds):
+        config = draw(seed)
+        floatx = "float32" if index == 0 else "float64"
+        runs.append(run(config, keras.Model, floatx=floatx))
+        second = keras_ctl.CTLModel if ctl else keras.Model
+        runs.append(run(config, second, strategy if ctl else None, floatx=floatx))
+    return runs
+
+
 def main(argv):
     """`SEED` (one configuration) or `--replicas R --seeds A:B`: prints one
     JSON line per failure and a last line with the counts."""
@@ -385,7 +400,34 @@ def main(argv):
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--seeds", default=None)
     parser.add_argument("--no-one-device", dest="one_device", action="store_false")
+    parser.add_argument("--alternate", metavar="FILE", default=None)
+    parser.add_argument("--control", action="store_true")
     args = parser.parse_args(argv[1:])
+    if args.alternate:
+        # Plain keras.Model and CTLModel (or, with --control, keras.Model
+        # only) alternating in this process; the runs go to FILE (.npz).
+        first, last = (int(part) for part in args.seeds.split(":"))
+        strategy = None
+        if args.replicas > 1:
+            replicas = [f"/cpu:{i}" for i in range(args.replicas)]
+            strategy = tf.distribute.MirroredStrategy(replicas)
+        runs = alternate(range(first, last), not args.control, strategy)
+        arrays = {
+            f"{i}/{part}/{key}": value
+            for i, result in enumerate(runs)
+            for part in ("weights", "predict")
+            for key, value in enumerate(result[part])
+        }
+        arrays.update(
+            {
+                f"{i}/{part}/{key}": value
+                for i, result in enumerate(runs)
+                for part in ("history", "evaluate")
+                for key, value in result[part].items()
+            }
+        )
+        np.savez(args.alternate, **arrays)
+        return
     if args.seed is not None:
         seeds = [args.seed]
     else:
