@@ -8,9 +8,6 @@ gradients (`tf.distribute` sums gradients across replicas).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import tensorflow as tf
 
 
@@ -86,33 +83,17 @@ def divide_by_global_counts(local_sums, local_counts):
     return shares, global_counts
 
 
-_engine_call = threading.local()
-
-
-@contextlib.contextmanager
-def shares_as_they_are():
-    """Within it (in this thread), `valued_as_global` returns shares as they
-    are: the step engine takes a `compute_loss` override's value as a share,
-    and the override may return `super().compute_loss(...)`."""
-    _engine_call.active = True
-    try:
-        yield
-    finally:
-        _engine_call.active = False
-
-
 def valued_as_global(share, total=None):
     """`share`, with the value of the sum of every replica's share.
 
     The gradient stays the share's (the replicas' gradients are summed
     later): a loss that logs like one device's and trains like a share.
     `total` is that sum when the caller has it; otherwise it is all-reduced
-    here (one collective). Inside `shares_as_they_are`, the share itself.
+    here (one collective).
     """
     if (
         num_replicas() == 1
         or tf.distribute.get_replica_context() is None
-        or getattr(_engine_call, "active", False)
     ):
         return share
     if total is None:

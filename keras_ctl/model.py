@@ -28,7 +28,6 @@ from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
-from keras_ctl._replicas import valued_as_global
 
 
 def _in_effect(method):
@@ -288,23 +287,27 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         sample_weight: Any = None,
         training: bool = True,
     ) -> tf.Tensor:
-        """Returns the loss of the global batch, differentiable as this
-        replica's share of it.
+        """Keras's `compute_loss`, valued as the global batch's loss and
+        differentiable as this replica's share.
 
-        Its value is the loss one device computes on the global batch (the
-        compiled loss plus `self.losses`), the same on every replica, so a
-        step written the keras.io way logs it as one device does
-        (`metric.update_state(loss)` on the `loss` tracker). Its gradient is
-        this replica's share: the replicas' gradients sum to one device's,
-        as `optimizer.apply` sums them. Outside `strategy.run` it is the
-        plain loss.
+        The compiled loss is Keras's own `CompileLoss`: its per-output
+        losses, `loss_weights` and per-output trackers (`<output>_loss` in
+        the logs) are Keras's. Inside a step under several replicas, each
+        `Loss` divides by the global batch's count (empty and uneven
+        replicas included) and the layer losses (`model.losses`) count once
+        per global batch. So the value is the one one device computes, the
+        same on every replica, and the replicas' gradients sum to one
+        device's, as `optimizer.apply` sums them. Elsewhere (one replica,
+        or outside `strategy.run`) it is Keras's `compute_loss` as it is.
+        An override may call it any number of times and add terms of its
+        own.
 
         Args:
-            x: The inputs (used for the batch size).
+            x: The inputs.
             y: The targets.
             y_pred: The model's predictions on `x`.
             sample_weight: Optional weights of the examples.
-            training: Unused, as in Keras's default `compute_loss`.
+            training: Whether the model is training, as in Keras.
 
         Returns:
             A scalar tensor: the global batch's loss, whose gradient is this
@@ -323,12 +326,23 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             ...
         ```
         """
-        del training
-        batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
-        share, _ = forward.default_loss_share(
-            self, y, y_pred, sample_weight, batch_size
-        )
-        return valued_as_global(share)
+        compile_loss = _keras.compile_loss(self)
+        if blocks.num_replicas() == 1 or tf.distribute.get_replica_context() is None:
+            return super().compute_loss(
+                x, y, y_pred, sample_weight, training=training
+            )
+        # Layer losses are read before the compiled loss's collectives:
+        # replica threads share the layers.
+        losses = self.losses
+        if compile_loss is None and not losses:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        compiled = None
+        if compile_loss is not None:
+            compiled = compile_loss(y, y_pred, sample_weight)
+        batch_size = _keras.real_examples()
+        if batch_size is None:
+            batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
+        return forward.with_layer_losses(compiled, losses, batch_size)
 
     @_signature.keras_signature(
         keras.Model.compile, gradient_accumulation=(str, "micro_batches")

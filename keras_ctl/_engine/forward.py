@@ -36,8 +36,8 @@ from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
-from keras_ctl._replicas import shares_as_they_are
 from keras_ctl._replicas import sum_across_replicas
+from keras_ctl._replicas import valued_as_global
 
 
 class Pass(NamedTuple):
@@ -86,12 +86,15 @@ def forward_and_loss(
     if y_pred is None:
         y_pred = model(x, training=training)
     if not model._uses_default_loss():
-        with shares_as_they_are():
-            loss = _keras.user_compute_loss(
-                model, x, y, y_pred, sample_weight, training
-            )
+        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
         dtype = loss.dtype if loss.dtype.is_floating else keras.config.floatx()
-        return _pass(y_pred, loss, loss_module.count_only_shares(batch_size, dtype))
+        shares = loss_module.count_only_shares(batch_size, dtype)
+        # Valued as the global batch's loss (Keras's `Loss` objects and
+        # `compute_loss` give that here): each replica logs it for its own
+        # examples. A loss of several values is logged as their mean, as
+        # Keras's `Mean` tracker takes it.
+        logged = tf.reduce_mean(tf.cast(loss, dtype))
+        return Pass(y_pred, loss, logged * shares.local_batch_size, shares)
     loss, shares = default_loss_share(
         model, y, y_pred, sample_weight, batch_size, terms=terms
     )
@@ -260,6 +263,37 @@ def default_loss_share(
     # folded step: 1/R of it per replica when the batch splits evenly.
     fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
     return shares.total + regularization * fraction, shares
+
+
+def with_layer_losses(compiled, losses, batch_size):
+    """`compiled` plus `losses` (this replica's `model.losses`) once per
+    global batch: valued as one device's sum, differentiable as this
+    replica's share.
+
+    Keras's `compute_loss` adds every layer loss whole on each replica, and
+    the replicas' gradients are summed: a weight regularizer would count R
+    times. Each replica takes the share of its examples instead (`0` for a
+    replica without any), so a loss that `add_loss` computes from the
+    replica's own examples counts as one device's too. One collective,
+    after `compiled`'s (collectives run in one order on every replica).
+
+    Args:
+        compiled: The compiled loss, valued as the global batch's, or `None`.
+        losses: This replica's `model.losses`, read before any collective.
+        batch_size: This replica's number of real examples.
+    """
+    if not losses:
+        return compiled
+    dtype = compiled.dtype if compiled is not None else None
+    regularization = loss_module.regularization_total(losses, dtype)
+    local = tf.cast(batch_size, regularization.dtype)
+    after = [compiled] if compiled is not None else []
+    with tf.control_dependencies(after):
+        stacked = tf.stack([local, tf.stop_gradient(regularization) * local])
+        global_batch, weighted = tf.unstack(all_reduce_sum(stacked))
+    share = regularization * tf.math.divide_no_nan(local, global_batch)
+    total = valued_as_global(share, total=tf.math.divide_no_nan(weighted, global_batch))
+    return total if compiled is None else compiled + total
 
 
 class CompiledPass:

@@ -60,6 +60,7 @@ from keras_ctl._keras.replacements import replaced
 from keras_ctl._keras.replacements import replica_step
 from keras_ctl._keras.replacements import updated_metrics
 from keras_ctl._keras.state import count_only_real_examples
+from keras_ctl._keras.state import real_examples
 from keras_ctl._keras.variables import gradients
 
 # Keras's functional class and the test `Model.__new__` applies to a
@@ -100,6 +101,7 @@ __all__ = [
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",
+    "real_examples",
     "reduce_as_saved_model",
     "register_under_name",
     "replaced",

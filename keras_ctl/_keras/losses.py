@@ -140,7 +140,11 @@ def exact_reduction(original):
             return original(values, sample_weight, mask, reduction, dtype)
         examples = capture["examples"] if capture else None
         if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
-            return original(values, sample_weight, mask, reduction, dtype)
+            # One value for the replica's batch: Keras's mean over replicas
+            # (it divides by their count), valued as that mean.
+            return valued_as_global(
+                original(values, sample_weight, mask, reduction, dtype)
+            )
         parts = _parts_of(
             original, values, sample_weight, mask, reduction, dtype, examples
         )
@@ -166,6 +170,27 @@ def exact_reduction(original):
         return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
 
     return reduce_weighted_values
+
+
+def logged_as_reduced(original):
+    """Keras logs a loss it reduced as it is, inside our steps.
+
+    Keras's reduction divides by the replica count, and before a loss goes
+    to a tracker (`CompileLoss`'s per-output `Mean`s, the `loss` tracker of
+    Keras's `train_step`) Keras multiplies it back
+    (`losses.loss.unscale_loss_for_distribution`). Inside a replica step of
+    keras_ctl the reduction gives the global batch's value already
+    (`exact_reduction`): it is logged as it is. Replaces
+    `keras.src.losses.loss.unscale_loss_for_distribution` (checked on
+    Keras 3.12.0 and 3.15.1).
+    """
+
+    def unscale_loss_for_distribution(value):
+        if getattr(_in_step, "active", False):
+            return value
+        return original(value)
+
+    return unscale_loss_for_distribution
 
 
 def crossentropy_over_no_class(original):

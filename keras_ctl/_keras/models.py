@@ -46,6 +46,13 @@ class SymbolicBuildFromFirstReplica:
             try:
                 symbolic_build = names.attribute(self, "_symbolic_build")
                 symbolic_build(iterator=iterator, data_batch=data_batch)
+            except RuntimeError as error:
+                if not isinstance(error.__context__, NotImplementedError):
+                    raise
+                # A model whose `call()` raises (a trainer that holds an
+                # encoder and a head and never calls itself): its step
+                # builds it, as on one device without a strategy.
+                return
             except StopIteration:
                 raise ValueError(
                     "Expected the data to hold at least one batch: the model "

@@ -66,6 +66,13 @@ REPLACEMENTS = (
         "directly, past any wrapper keras_ctl could give the model",
     ),
     Replacement(
+        lambda: names.module("keras.src.losses.loss"),
+        "unscale_loss_for_distribution",
+        losses.logged_as_reduced,
+        "Keras's `CompileLoss` and `train_step` multiply a reduced loss by the "
+        "replica count before logging it, inside their own calls",
+    ),
+    Replacement(
         _tf_nn,
         "sparse_categorical_crossentropy",
         losses.crossentropy_over_no_class,

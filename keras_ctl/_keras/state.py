@@ -24,3 +24,9 @@ def count_only_real_examples(batch_size):
     """Tells synchronized BatchNorm in this replica step that only the first
     `batch_size` examples are real (the rest is a placeholder)."""
     _in_step.real_examples = batch_size
+
+
+def real_examples():
+    """The number of real examples of this replica step's batch when it was
+    padded with a placeholder (`count_only_real_examples`), else `None`."""
+    return getattr(_in_step, "real_examples", None)
