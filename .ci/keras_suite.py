@@ -90,7 +90,7 @@ import tensorflow as tf
 import keras_ctl
 
 
-class _OwnStep(keras_ctl.CTLModel):
+class OwnStep(keras_ctl.CTLModel):
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
@@ -104,7 +104,7 @@ class _OwnStep(keras_ctl.CTLModel):
 def pytest_sessionstart(session):
     x = np.random.default_rng(0).random((20, 4)).astype("float32")
     y = x[:, :1]
-    for cls in (keras_ctl.CTLModel, _OwnStep):
+    for cls in (keras_ctl.CTLModel, OwnStep):
         inputs = keras.Input((4,))
         model = cls(inputs, keras.layers.Dense(1)(inputs))
         model.compile(optimizer="adam", loss="mse")

@@ -336,12 +336,13 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         losses = self.losses
         if compile_loss is None and not losses:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        compiled = None
-        if compile_loss is not None:
-            compiled = compile_loss(y, y_pred, sample_weight)
         batch_size = _keras.real_examples()
         if batch_size is None:
-            batch_size = tf.shape(tree.flatten(x if x is not None else y_pred)[0])[0]
+            batch_size = tf.shape(tree.flatten(y_pred if x is None else x)[0])[0]
+        compiled = None
+        if compile_loss is not None:
+            with _keras.examples_of_batch(batch_size):
+                compiled = compile_loss(y, y_pred, sample_weight)
         return forward.with_layer_losses(compiled, losses, batch_size)
 
     @_signature.keras_signature(

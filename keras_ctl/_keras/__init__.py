@@ -40,6 +40,7 @@ from keras_ctl._keras.access import strategy_of_variable
 from keras_ctl._keras.access import user_compute_loss
 from keras_ctl._keras.access import user_loss
 from keras_ctl._keras.losses import LossParts
+from keras_ctl._keras.losses import examples_of_batch
 from keras_ctl._keras.models import SymbolicBuildFromFirstReplica
 from keras_ctl._keras.models import build_from_spec
 from keras_ctl._keras.models import reduce_as_saved_model
@@ -88,6 +89,7 @@ __all__ = [
     "count_micro_batch",
     "count_only_real_examples",
     "end_epoch_early",
+    "examples_of_batch",
     "functional_init_arguments",
     "gradients",
     "gradients_already_summed",

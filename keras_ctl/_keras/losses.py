@@ -1,6 +1,7 @@
 """Keras `Loss` objects inside a replica step: each call's local sum and
 denominator, taken from Keras's own reduction, made global."""
 
+import contextlib
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -55,6 +56,24 @@ def loss_parts(loss, y_true, y_pred, sample_weight=None):
         return _in_step.capture.get("parts")
     finally:
         _in_step.capture = previous
+
+
+def real_examples_of_batch():
+    """The number of real examples of the batch whose loss this replica
+    step computes (`examples_of_batch`), or `None` when unknown."""
+    return getattr(_in_step, "examples", None)
+
+
+@contextlib.contextmanager
+def examples_of_batch(examples):
+    """Within it, a loss that returns one value for the batch is taken as
+    that value for each of the batch's `examples` (see `loss_parts`)."""
+    previous = getattr(_in_step, "examples", None)
+    _in_step.examples = examples
+    try:
+        yield
+    finally:
+        _in_step.examples = previous
 
 
 def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples):
@@ -138,10 +157,10 @@ def exact_reduction(original):
             capture is not None or exact
         ):
             return original(values, sample_weight, mask, reduction, dtype)
-        examples = capture["examples"] if capture else None
-        if capture is None and ops.convert_to_tensor(values).shape.rank == 0:
-            # One value for the replica's batch: Keras's mean over replicas
-            # (it divides by their count), valued as that mean.
+        examples = (capture or {}).get("examples", real_examples_of_batch())
+        if examples is None and ops.convert_to_tensor(values).shape.rank == 0:
+            # One value for a batch of unknown size: Keras's mean over
+            # replicas (it divides by their count), valued as that mean.
             return valued_as_global(
                 original(values, sample_weight, mask, reduction, dtype)
             )

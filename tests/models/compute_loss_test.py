@@ -1,0 +1,171 @@
+"""Keras's extension points as Keras defines them: a `compute_loss`
+override calling `super()` (with a term and a tracker of its own) logs
+every key `keras.Model` logs on one device, per-output losses and `val_`
+keys included, and trains to its weights, with no strategy, on one device
+and on 2 replicas with an empty one (float64); a loss of shape `(1,)` and a
+model whose `call()` raises train as on one device."""
+
+import configurations
+import devices
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_ctl
+
+STRATEGIES = ["default", "onedevice", "mirrored"]
+# 17 rows in batches of 8: the last batch leaves one of 2 replicas empty.
+ROWS, BATCH = 17, 8
+
+
+def overriding(base):
+    class WithOverride(base):
+        def compile(self, *args, **kwargs):
+            super().compile(*args, **kwargs)
+            object.__setattr__(self, "seen", keras.metrics.Mean(name="seen"))
+
+        @property
+        def metrics(self):
+            return super().metrics + [self.seen]
+
+        def compute_loss(
+            self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+        ):
+            loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+            penalty = keras.losses.MeanSquaredError()(
+                keras.ops.zeros_like(y_pred["b"]), y_pred["b"]
+            )
+            loss = loss + 0.1 * penalty
+            self.seen.update_state(loss)
+            return loss
+
+    return WithOverride
+
+
+def two_outputs(base, strategy):
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")(
+            inputs
+        )
+        outputs = {
+            "a": keras.layers.Dense(1, name="a")(hidden),
+            "b": keras.layers.Dense(2, name="b")(hidden),
+        }
+        model = overriding(base)(inputs, outputs)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss={"a": "mse", "b": keras.losses.Huber()},
+            loss_weights={"a": 0.7, "b": 1.3},
+            metrics={"a": ["mae"], "b": ["mse"]},
+        )
+    return model
+
+
+def trained(base, strategy):
+    rng = np.random.default_rng(0)
+    x = rng.random((ROWS, 4))
+    y = {"a": x[:, :1] * 2, "b": x[:, :2] - 1}
+    model = two_outputs(base, strategy)
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+        validation_data=(x[:9], {"a": y["a"][:9], "b": y["b"][:9]}),
+    ).history
+    return {
+        "history": history,
+        "evaluate": model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
+        "as_list": model.evaluate(x, y, batch_size=BATCH, verbose=0),
+        "names": model.metrics_names,
+        "weights": [np.asarray(w) for w in model.get_weights()],
+    }
+
+
+@pytest.fixture(scope="module")
+def keras_run():
+    with configurations.computing_in("float64"):
+        return trained(keras.Model, tf.distribute.get_strategy())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_compute_loss_override_logs_every_key_keras_logs(keras_run, strategy):
+    with configurations.computing_in("float64"):
+        found = trained(keras_ctl.CTLModel, devices.get(strategy))
+    expected = keras_run
+    assert set(found["history"]) == set(expected["history"])
+    assert {"a_loss", "b_loss", "val_a_loss", "val_b_loss", "seen"} <= set(
+        found["history"]
+    )
+    for key, values in expected["history"].items():
+        np.testing.assert_allclose(found["history"][key], values, rtol=1e-9, err_msg=key)
+    assert found["names"] == expected["names"]
+    for key, value in expected["evaluate"].items():
+        np.testing.assert_allclose(found["evaluate"][key], value, rtol=1e-9, err_msg=key)
+    np.testing.assert_allclose(found["as_list"], expected["as_list"], rtol=1e-9)
+    for got, want in zip(found["weights"], expected["weights"], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def shaped_loss_history(base):
+    class ShapedLoss(base):  # keras-hub's RQVAEBackbone returns shape (1,)
+        def compute_loss(self, *args, **kwargs):
+            return keras.ops.reshape(super().compute_loss(*args, **kwargs), (1,))
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = ShapedLoss(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.random.default_rng(0).random((ROWS, 4)).astype("float32")
+    return model.fit(x, x[:, :1], batch_size=BATCH, epochs=2, verbose=0).history
+
+
+def test_a_loss_of_shape_one_trains_as_keras():
+    expected = shaped_loss_history(keras.Model)
+    found = shaped_loss_history(keras_ctl.CTLModel)
+    np.testing.assert_allclose(found["loss"], expected["loss"], rtol=1e-6)
+
+
+def trainer(base, strategy):
+    """A trainer that holds an encoder and a head and never calls itself."""
+
+    class Trainer(base):
+        def __init__(self):
+            super().__init__()
+            self.encoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+            self.head = keras.layers.Dense(1)
+            self.tracker = keras.metrics.Mean(name="loss")
+
+        def call(self, x):
+            raise NotImplementedError
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = keras.losses.MeanSquaredError()(y, self.head(self.encoder(x)))
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+        @property
+        def metrics(self):
+            return [self.tracker]
+
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = Trainer()
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).random((16, 4)).astype("float32")
+    history = model.fit(x, x[:, :1], batch_size=BATCH, epochs=2, verbose=0,
+                        shuffle=False).history
+    return history, [np.asarray(w) for w in model.weights]
+
+
+@pytest.mark.parametrize("strategy", ["onedevice", "mirrored"])
+def test_a_model_whose_call_raises_trains_under_every_strategy(strategy):
+    expected = trainer(keras.Model, tf.distribute.get_strategy())
+    found = trainer(keras_ctl.CTLModel, devices.get(strategy))
+    np.testing.assert_allclose(found[0]["loss"], expected[0]["loss"], rtol=1e-5)
+    for got, want in zip(found[1], expected[1], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
