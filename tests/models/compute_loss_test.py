@@ -98,10 +98,14 @@ def test_a_compute_loss_override_logs_every_key_keras_logs(keras_run, strategy):
         found["history"]
     )
     for key, values in expected["history"].items():
-        np.testing.assert_allclose(found["history"][key], values, rtol=1e-9, err_msg=key)
+        np.testing.assert_allclose(
+            found["history"][key], values, rtol=1e-9, err_msg=key
+        )
     assert found["names"] == expected["names"]
     for key, value in expected["evaluate"].items():
-        np.testing.assert_allclose(found["evaluate"][key], value, rtol=1e-9, err_msg=key)
+        np.testing.assert_allclose(
+            found["evaluate"][key], value, rtol=1e-9, err_msg=key
+        )
     np.testing.assert_allclose(found["as_list"], expected["as_list"], rtol=1e-9)
     for got, want in zip(found["weights"], expected["weights"], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
