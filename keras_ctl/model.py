@@ -327,14 +327,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ```
         """
         compile_loss = _keras.compile_loss(self)
-        if blocks.num_replicas() == 1 or tf.distribute.get_replica_context() is None:
-            return super().compute_loss(
-                x, y, y_pred, sample_weight, training=training
-            )
         # Layer losses are read before the compiled loss's collectives:
         # replica threads share the layers.
         losses = self.losses
-        if compile_loss is None and not losses:
+        if (
+            blocks.num_replicas() == 1
+            or tf.distribute.get_replica_context() is None
+            or (compile_loss is None and not losses)  # Keras's error says so
+        ):
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         batch_size = _keras.real_examples()
         if batch_size is None:

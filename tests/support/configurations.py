@@ -582,7 +582,7 @@ def main(argv):
     ):
         checked += 1
         if isinstance(found, dict):
-            largest[where] = max(largest.get(where, 0.0), *found.values())
+            largest[where] = max([largest.get(where, 0.0), *found.values()])
         if not passed:
             failed += 1
             print(
