@@ -97,11 +97,13 @@ def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples)
                 "train without `sample_weight`/`class_weight`."
             )
         values = tf.fill([examples], values)
-    total = original(values, sample_weight, mask, "sum", dtype)
+    # Keras returns values of static shape (0,) unreduced (an empty batch
+    # run eagerly): their sum is 0, a scalar like every replica's.
+    total = tf.reduce_sum(original(values, sample_weight, mask, "sum", dtype))
     if reduction == "sum":
         return LossParts(total, None, None)
     weights = sample_weight if reduction == "mean_with_sample_weight" else None
-    count = original(tf.ones_like(values), weights, mask, "sum", dtype)
+    count = tf.reduce_sum(original(tf.ones_like(values), weights, mask, "sum", dtype))
     per_example = None
     if mask is None and weights is None:
         per_example = values.shape[1:].num_elements()
