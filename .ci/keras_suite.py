@@ -13,8 +13,13 @@ process where a `CTLModel` (Keras's step and a step of one's own) and a
 `keras_ctl.GAN` have trained first (from its `conftest.py`): a regression
 is a test that passes without keras_ctl and fails after it.
 
-Usage: python .ci/keras_suite.py [--out DIR] [--coexist] [test files
-relative to keras/src/ ...]
+keras-nightly's source distribution ships no tests: pass a Keras source
+tree with `--tests-from` (a checkout of keras-team/keras). Tests written
+for another Keras than the installed one fail on both sides alike and
+count for neither.
+
+Usage: python .ci/keras_suite.py [--out DIR] [--coexist] [--tests-from
+DIR] [test files relative to keras/src/ ...]
 """
 
 import argparse
@@ -185,10 +190,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/keras-suite")
     parser.add_argument("--coexist", action="store_true")
+    parser.add_argument(
+        "--tests-from",
+        default=None,
+        help="a Keras source tree whose keras/src holds the test files, for a "
+        "Keras whose source distribution ships none (keras-nightly)",
+    )
     parser.add_argument("files", nargs="*", default=FILES)
     args = parser.parse_args()
     out = Path(args.out).resolve()
-    src = sources(out / "cache")
+    if args.tests_from:
+        src = Path(args.tests_from).resolve() / "keras" / "src"
+    else:
+        src = sources(out / "cache")
     mode = "coexist" if args.coexist else "CTLModel"
     summary = {"keras": keras.__version__, "mode": mode, "files": {}, "regressions": []}
     for relative in args.files:
