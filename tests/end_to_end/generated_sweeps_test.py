@@ -1,6 +1,9 @@
-"""200 generated configurations equal `keras.Model` on one device (see
-`tests/models/differential_test.py`): 100 seeds on one device and 2
-replicas, 100 on 3 replicas, in two child processes.
+"""120 generated configurations equal `keras.Model` on one device (see
+`tests/models/differential_test.py`): 60 seeds on one device and 2
+replicas, 60 on 3 replicas, in two child processes (`bash .ci/differential`
+runs 200 others). Three in four configurations override one of Keras's
+extension points, and those with a step of one's own run their first step
+eagerly: about twice the time of a plain one.
 """
 
 import json
@@ -8,7 +11,7 @@ import json
 import children
 
 # (replicas, seeds, also on one device).
-SWEEPS = ((2, "3:103", True), (3, "103:203", False))
+SWEEPS = ((2, "3:63", True), (3, "103:163", False))
 SWEEP_TIMEOUT_S = 1800
 
 
@@ -42,5 +45,5 @@ def test_200_generated_configurations_equal_keras():
             for f in failures
         )
         checked += lines[-1]["checked"]
-    # 100 seeds on one device and 2 replicas, 100 on 3 replicas.
-    assert checked == 300
+    # 60 seeds on one device and 2 replicas, 60 on 3 replicas.
+    assert checked == 180
