@@ -123,6 +123,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             self, _keras.Functional
         ):
             self.__class__ = _conversion.functional_variant(type(self))
+        _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
     @classmethod
@@ -168,6 +169,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             model.__class__ = _conversion.functional_variant(cls)
         else:
             model.__class__ = _conversion.converted_class(type(model), cls)
+        _read_sharded_variables_whole()
         # Steps traced for the old class would skip the exact ones.
         model.train_function = model.test_function = None
         model.predict_function = None
@@ -732,6 +734,12 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
         return self.get_metrics_result()
+
+
+def _read_sharded_variables_whole():
+    # Sharded variables come from a ParameterServerStrategy's partitioner.
+    if strategies.is_parameter_server():
+        _keras.keep_sharded_reads()
 
 
 def _input_spec(x):

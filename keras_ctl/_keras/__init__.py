@@ -56,6 +56,7 @@ from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
+from keras_ctl._keras.replacements import keep_sharded_reads
 from keras_ctl._keras.replacements import loss_parts
 from keras_ctl._keras.replacements import replaced
 from keras_ctl._keras.replacements import replica_step
@@ -95,6 +96,7 @@ __all__ = [
     "gradients_already_summed",
     "in_effect",
     "initial_epoch",
+    "keep_sharded_reads",
     "keras_accumulators",
     "loss_parts",
     "loss_tracker",

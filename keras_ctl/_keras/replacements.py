@@ -4,7 +4,8 @@ table, and the scope in which the replacements are in place.
 Nothing is replaced on import. `in_effect()` puts the whole table in place
 when the outermost keras_ctl call starts (in any thread) and puts Keras's
 own attributes back when the last one ends: on return, on an exception, on
-`KeyboardInterrupt`. While in place, each replacement does what Keras does
+`KeyboardInterrupt`. The one exception is `SHARDED_READS`, kept for the
+process once a CTLModel is made under a `ParameterServerStrategy`. While in place, each replacement does what Keras does
 unless this thread runs a replica step of keras_ctl (`replica_step`) or an
 object keras_ctl marked asks otherwise, so plain Keras in another thread
 keeps Keras's behaviour. Checked on Keras 3.12.0 and 3.15.1; the owners
@@ -168,7 +169,26 @@ _lock = threading.Lock()
 _users = 0
 # (owner, name, Keras's own entry of `vars(owner)` or `_ABSENT`, replacement)
 _installed = []
+_kept = []  # the same, for the rows `keep_sharded_reads` keeps in place
 _ABSENT = object()
+
+# The one exception to "only while keras_ctl runs": reads of a variable
+# sharded across parameter servers. A user's own `tf.train.Checkpoint(...)`
+# or `np.asarray(variable)` after `fit()` reads it outside keras_ctl's
+# calls, and fails without them. They change nothing for a variable that is
+# not sharded, and plain Keras makes none (`keep_sharded_reads`).
+SHARDED_READS = ("__array__", "_serialize_to_tensors")
+
+
+def keep_sharded_reads():
+    """Keeps the `SHARDED_READS` rows in place for the process: called when
+    a CTLModel is made under a `ParameterServerStrategy`."""
+    with _lock:
+        if _kept:
+            return
+        for replacement in REPLACEMENTS:
+            if replacement.name in SHARDED_READS:
+                _kept.append(_put_in_place(replacement))
 
 
 @contextlib.contextmanager
@@ -196,17 +216,21 @@ def _install():
             owner = replacement.owner()
             if owner is None:
                 continue
-            name = replacement.name
-            current = getattr(owner, name)
-            if any(current is new for *_, new in _installed):
-                continue  # inherited from a class replaced already
-            own = vars(owner).get(name, _ABSENT)
-            new = replacement.make(current)
-            setattr(owner, name, new)
-            _installed.append((owner, name, own, new))
+            current = getattr(owner, replacement.name)
+            if any(current is new for *_, new in _installed + _kept):
+                continue  # inherited from a class replaced already, or kept
+            _installed.append(_put_in_place(replacement))
     except BaseException:
         _restore()
         raise
+
+
+def _put_in_place(replacement):
+    owner, name = replacement.owner(), replacement.name
+    own = vars(owner).get(name, _ABSENT)
+    new = replacement.make(getattr(owner, name))
+    setattr(owner, name, new)
+    return owner, name, own, new
 
 
 def _restore():
