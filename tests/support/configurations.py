@@ -431,7 +431,7 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
     """Compares `config` under `strategy` with `keras.Model` on one device
     (`expected`, when already run); returns `(passed, differences)`."""
     tolerance = tolerance or {"float64": 1e-9, "float32": 1e-5}[floatx]
-    known = known_limit(config, strategy)
+    known = known_limit(config, strategy.num_replicas_in_sync if strategy else 1)
     if known == "refused":
         try:
             run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
@@ -457,9 +457,9 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
 PER_OUTPUT = ("a_loss", "b_loss", "val_a_loss", "val_b_loss")
 
 
-def known_limit(config, strategy):
-    """A documented limit of CTLModel under `strategy` for `config`, or
-    `None`; with several replicas and a `train_step` of one's own:
+def known_limit(config, replicas):
+    """A documented limit of CTLModel on `replicas` replicas for `config`,
+    or `None`; with several replicas and a `train_step` of one's own:
 
     - "refused": `gradient_accumulation_steps` (a clear `ValueError`);
     - "per-output logs": the per-output losses in `history` of a
@@ -468,7 +468,7 @@ def known_limit(config, strategy):
     - "sparse gradients": keras.io steps applying embedding gradients
       (`IndexedSlices`), the subject of the users'-steps issue.
     """
-    if strategy is None or strategy.num_replicas_in_sync == 1:
+    if replicas == 1:
         return None
     override = config.get("override")
     if override not in ("keras_io_steps", "steps_calling_super"):
