@@ -5,8 +5,8 @@ Nothing is replaced on import. `in_effect()` puts the whole table in place
 when the outermost keras_ctl call starts (in any thread) and puts Keras's
 own attributes back when the last one ends: on return, on an exception, on
 `KeyboardInterrupt`. The one exception is `SHARDED_READS`, kept for the
-process once a CTLModel is made under a `ParameterServerStrategy`. While in place, each replacement does what Keras does
-unless this thread runs a replica step of keras_ctl (`replica_step`) or an
+process once a CTLModel is made under a `ParameterServerStrategy`. While
+in place, each replacement does what Keras does unless this thread runs a replica step of keras_ctl (`replica_step`) or an
 object keras_ctl marked asks otherwise, so plain Keras in another thread
 keeps Keras's behaviour. Checked on Keras 3.12.0 and 3.15.1; the owners
 are looked up through `names` (3.16 moved some).
@@ -225,10 +225,20 @@ def _install():
         raise
 
 
+# Each replacement made once per original: the same function object every
+# call, so what TensorFlow caches by function (autograph's conversions)
+# stays valid from one keras_ctl call to the next.
+_made = {}
+
+
 def _put_in_place(replacement):
     owner, name = replacement.owner(), replacement.name
     own = vars(owner).get(name, _ABSENT)
-    new = replacement.make(getattr(owner, name))
+    current = getattr(owner, name)
+    key = (replacement, id(current))
+    if key not in _made:
+        _made[key] = (current, replacement.make(current))
+    new = _made[key][1]
     setattr(owner, name, new)
     return owner, name, own, new
 
