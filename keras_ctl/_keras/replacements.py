@@ -8,8 +8,9 @@ own attributes back when the last one ends: on return, on an exception, on
 process once a CTLModel is made under a `ParameterServerStrategy`. While
 in place, each replacement does what Keras does unless this thread runs a
 replica step of keras_ctl (`replica_step`) or an object keras_ctl marked
-asks otherwise, so plain Keras in another thread keeps Keras's behaviour. Checked on Keras 3.12.0 and 3.15.1; the owners
-are looked up through `names` (3.16 moved some).
+asks otherwise, so plain Keras in another thread keeps Keras's
+behaviour. Checked on Keras 3.12.0 and 3.15.1; the owners are looked up
+through `names` (3.16 moved some).
 """
 
 import contextlib
