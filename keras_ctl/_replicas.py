@@ -8,7 +8,14 @@ gradients (`tf.distribute` sums gradients across replicas).
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import tensorflow as tf
+
+# This thread's share of the global batch while a `compute_loss` of the
+# user's own runs (`read_as_batch_losses`).
+_batch = threading.local()
 
 
 def num_replicas() -> int:
@@ -89,7 +96,9 @@ def valued_as_global(share, total=None):
     The gradient stays the share's (the replicas' gradients are summed
     later): a loss that logs like one device's and trains like a share.
     `total` is that sum when the caller has it; otherwise it is all-reduced
-    here (one collective).
+    here (one collective). Inside `read_as_batch_losses` the gradient is the
+    share's divided by the replica's fraction of the global batch, which
+    the step multiplies back.
     """
     if (
         num_replicas() == 1
@@ -98,7 +107,37 @@ def valued_as_global(share, total=None):
         return share
     if total is None:
         total = all_reduce_sum(tf.stop_gradient(share))
+    fraction = batch_fraction()
+    if fraction is not None:
+        share = tf.math.divide_no_nan(share, tf.cast(fraction, share.dtype))
     return share + tf.stop_gradient(total - share)
+
+
+@contextlib.contextmanager
+def read_as_batch_losses(fraction):
+    """Within it (this thread), a loss is read as one device reads it: the
+    value of this replica's batch alone, which the step weighs by
+    `fraction`, the replica's number of examples over the global batch's.
+
+    So a mean over the replica's examples (`ops.mean`, a loss function's
+    per-example values averaged) becomes the global mean once the replicas'
+    weighted gradients are summed, a term that does not depend on the batch
+    (a regularizer) counts once, and an exact loss (`valued_as_global`:
+    Keras's `Loss` objects, `Model.compute_loss`, `global_mean`) keeps its
+    one-device gradient. A replica without examples weighs 0.
+    """
+    previous = getattr(_batch, "fraction", None)
+    _batch.fraction = fraction
+    try:
+        yield
+    finally:
+        _batch.fraction = previous
+
+
+def batch_fraction():
+    """This replica's fraction of the global batch inside
+    `read_as_batch_losses`, else `None`."""
+    return getattr(_batch, "fraction", None)
 
 
 def sum_across_replicas(gradients, counts=()):

@@ -18,9 +18,11 @@ from keras_ctl import _keras
 from keras_ctl._engine import update
 from keras_ctl._engine.loss import regularization_total
 from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import divide_by_global_counts
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
+from keras_ctl._replicas import valued_as_global
 
 __all__ = [
     "all_reduce_sum",
@@ -57,7 +59,10 @@ def global_mean(
             between workers. Defaults to `None` (all-reduced here).
 
     Returns:
-        A scalar: this replica's share of the global mean.
+        A scalar: this replica's share of the global mean. Inside a
+        `compute_loss` of one's own, which keras_ctl reads as the loss of
+        the replica's batch, it is valued as the global mean and keeps the
+        share's gradient once the step weighs it.
 
     Raises:
         ValueError: if `values` is a scalar (already reduced).
@@ -87,8 +92,11 @@ def global_mean(
         local_sum = tf.reduce_sum(values * weights)
         local_weight = tf.reduce_sum(weights)
     if global_weight is not None:
-        return tf.math.divide_no_nan(local_sum, tf.cast(global_weight, values.dtype))
-    (share,), _ = divide_by_global_counts([local_sum], [local_weight])
+        share = tf.math.divide_no_nan(local_sum, tf.cast(global_weight, values.dtype))
+    else:
+        (share,), _ = divide_by_global_counts([local_sum], [local_weight])
+    if batch_fraction() is not None:
+        return valued_as_global(share)
     return share
 
 
@@ -105,7 +113,9 @@ def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
             after the forward pass.
 
     Returns:
-        A scalar in `floatx()` (zero when `losses` is empty).
+        A scalar in `floatx()` (zero when `losses` is empty). Inside a
+        `compute_loss` of one's own, read as the loss of the replica's
+        batch, it is the whole sum: the step weighs it.
 
     Example:
 
@@ -114,6 +124,8 @@ def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
     reg = keras_ctl.scaled_regularization_loss(self.losses)
     ```
     """
+    if batch_fraction() is not None:
+        return regularization_total(losses)
     # Gradients are summed across replicas, so each one adds 1/R of it.
     return regularization_total(losses) / num_replicas()
 

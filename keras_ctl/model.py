@@ -267,17 +267,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         test_pass = self._engine.test_pass
         step = test_pass(data, batch_size) if test_pass else None
         if step is None:
-            y_pred = self(x, training=False)
             if self._uses_default_loss():
                 # Without gradients, the loss tracker can often do without
                 # the count's collective (the logs' one collective gives it
                 # exactly).
                 step = forward.evaluation_pass(
-                    self, y, y_pred, sample_weight, batch_size
+                    self, y, self(x, training=False), sample_weight, batch_size
                 )
             else:
                 step = forward.forward_and_loss(
-                    self, x, y, sample_weight, batch_size, training=False, y_pred=y_pred
+                    self, x, y, sample_weight, batch_size, training=False
                 )
         return self._update_metrics(x, y, sample_weight, step)
 

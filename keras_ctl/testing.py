@@ -264,7 +264,8 @@ def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
     else:
         for method in ("train_step", "test_step", "compute_loss"):
             if getattr(type(model), method) is not getattr(CTLModel, method):
-                found.append((f"{type(model).__name__}.{method}", _OWN_CODE))
+                why = _OWN_LOSS if method == "compute_loss" else _OWN_CODE
+                found.append((f"{type(model).__name__}.{method}", why))
     for layer in _keras.all_layers(model):
         why = _layer_difference(layer)
         if why:
@@ -277,6 +278,16 @@ _OWN_CODE = (
     "`tf.reduce_mean`) is not one device's mean. Use Keras `Loss` objects, "
     "`self.compute_loss(...)` or `keras_ctl.global_mean`; log values with "
     "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics."
+)
+
+_OWN_LOSS = (
+    "a `compute_loss` of your own is read as on one device, the loss of "
+    "the replica's batch, weighed by the replica's share of the global "
+    "batch: means over the batch, Keras `Loss` objects, "
+    "`super().compute_loss` and `self.losses` are one device's. A sum over "
+    "examples (`ops.sum` of per-example losses) is not: use a Keras `Loss` "
+    "with `reduction=\"sum\"`. A statistic coupling the batch's examples "
+    "(in-batch negatives, a count of positives) covers only the replica's."
 )
 
 

@@ -36,6 +36,7 @@ from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import read_as_batch_losses
 from keras_ctl._replicas import sum_across_replicas
 from keras_ctl._replicas import valued_as_global
 
@@ -80,25 +81,49 @@ def forward_and_loss(
         y_pred: The predictions, when the caller ran the forward pass.
         terms: The compiled loss's `LossTerms`, when the caller has them.
 
-    A subclass's own `compute_loss` gives this replica's share (build it
-    with `keras_ctl.global_mean`), taken as it is.
+    A subclass's own `compute_loss` is read as on one device: the loss of
+    this replica's batch, weighed by the replica's fraction of the global
+    batch (`read_as_batch_losses`).
     """
+    if not model._uses_default_loss():
+        return own_compute_loss(
+            model, x, y, y_pred, sample_weight, batch_size, training
+        )
     if y_pred is None:
         y_pred = model(x, training=training)
-    if not model._uses_default_loss():
-        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
-        dtype = loss.dtype if loss.dtype.is_floating else keras.config.floatx()
-        shares = loss_module.count_only_shares(batch_size, dtype)
-        # Valued as the global batch's loss (Keras's `Loss` objects and
-        # `compute_loss` give that here): each replica logs it for its own
-        # examples. A loss of several values is logged as their mean, as
-        # Keras's `Mean` tracker takes it.
-        logged = tf.reduce_mean(tf.cast(loss, dtype))
-        return Pass(y_pred, loss, logged * shares.local_batch_size, shares)
     loss, shares = default_loss_share(
         model, y, y_pred, sample_weight, batch_size, terms=terms
     )
     return _pass(y_pred, loss, shares)
+
+
+def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
+    """The `Pass` of a subclass's own `compute_loss` on this replica.
+
+    Its value is this replica's batch's loss, as one device computes it
+    (a mean over the batch, Keras's `Loss` objects, `super().compute_loss`,
+    terms that do not depend on the batch), and the step weighs it by the
+    replica's fraction of the global batch: the replicas' weighted losses
+    sum to one device's, and so do their gradients. A tracker given one
+    value inside it weighs it the same (`_keras.metrics.weighed_by_batch`).
+    The forward pass runs after the count's collective, unless the caller
+    ran it: `compute_loss` reads the layer losses, which another replica's
+    forward pass may overwrite after a collective (the replicas share the
+    layers).
+    """
+    dtype = keras.config.floatx()
+    shares = loss_module.count_only_shares(batch_size, dtype)
+    fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
+    if y_pred is None:
+        y_pred = model(x, training=training)
+    with read_as_batch_losses(fraction):
+        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
+    # A loss of several values is read as their mean, as Keras's `Mean`
+    # tracker takes it.
+    dtype = loss.dtype if loss.dtype.is_floating else dtype
+    loss = tf.reduce_mean(tf.cast(loss, dtype))
+    local = tf.cast(shares.local_batch_size, dtype)
+    return Pass(y_pred, loss * tf.cast(fraction, dtype), loss * local, shares)
 
 
 def compiled_terms(model, y, y_pred, sample_weight, batch_size):
@@ -154,9 +179,9 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
     Without `sum_gradients`, the gradients are this replica's share (summed
     later, e.g. once per accumulated update)."""
     with tf.GradientTape() as tape:
-        y_pred = model(x, training=True)
-        terms = None
+        y_pred, terms = None, None
         if model._uses_default_loss():
+            y_pred = model(x, training=True)
             terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
         fold = (
             sum_gradients
@@ -314,6 +339,9 @@ class CompiledPass:
         self._fits_of = {}  # the same, by traced concrete function
         self.usable = True
 
+    # Python decisions only, nothing for AutoGraph to convert (converted, it
+    # once called `_turn_off` with `_loss_fits`'s arguments in a long run).
+    @tf.autograph.experimental.do_not_convert
     def __call__(self, data, batch_size):
         """Returns the `Pass`, with the gradients summed across replicas, or
         `None` when the caller must run the eager step."""

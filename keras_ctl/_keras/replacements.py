@@ -23,6 +23,7 @@ import keras
 
 from keras_ctl._keras import layers
 from keras_ctl._keras import losses
+from keras_ctl._keras import metrics
 from keras_ctl._keras import names
 from keras_ctl._keras import optimizers
 from keras_ctl._keras import variables
@@ -86,6 +87,14 @@ REPLACEMENTS = (
         "argmax",
         losses.argmax_over_no_class,
         "as above, for the in-batch accuracy a metric computes",
+    ),
+    Replacement(
+        lambda: keras.metrics.Mean,
+        "update_state",
+        metrics.weighed_by_batch,
+        "a tracker updated inside a `compute_loss` of one's own adds one "
+        "value a step on every replica; no hook weighs it by the replica's "
+        "examples",
     ),
     Replacement(
         _tf_nn,

@@ -2,8 +2,10 @@
 override calling `super()` (with a term and a tracker of its own) logs
 every key `keras.Model` logs on one device, per-output losses and `val_`
 keys included, and trains to its weights, with no strategy, on one device
-and on 2 replicas with an empty one (float64); a loss of shape `(1,)` and a
-model whose `call()` raises train as on one device."""
+and on 2 replicas with an empty one (float64); so do Keras's documented
+`compute_loss` example (a mean, `self.losses`, a tracker) and Keras's
+`Distiller`, whose losses are means over the batch; a loss of shape
+`(1,)` and a model whose `call()` raises train as on one device."""
 
 import configurations
 import devices
@@ -11,6 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras.distillation import Distiller
+from keras.distillation import FeatureDistillation
+from keras.distillation import LogitsDistillation
 
 import keras_ctl
 
@@ -178,3 +183,111 @@ def test_a_model_whose_call_raises_trains_under_every_strategy(strategy):
     np.testing.assert_allclose(found[0]["loss"], expected[0]["loss"], rtol=1e-5)
     for got, want in zip(found[1], expected[1], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def fitted(model, x, y):
+    """`(history, evaluate() dict)` of 2 epochs on `x`, `y`."""
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+        validation_data=(x[:9], y[:9]),
+    ).history
+    return history, model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+
+
+def assert_same_run(found, expected, found_weights, expected_weights):
+    for got, want in zip(found, expected, strict=True):
+        assert set(got) == set(want)
+        for key, values in want.items():
+            np.testing.assert_allclose(got[key], values, rtol=1e-9, err_msg=key)
+    for got, want in zip(found_weights, expected_weights, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def documented_example(base, strategy):
+    """`Model.compute_loss`'s docstring example: a mean over the batch, the
+    layer losses and a tracker updated inside it."""
+
+    class MyModel(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+
+        def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+            loss = keras.ops.mean((y_pred - y) ** 2)
+            loss += keras.ops.sum(self.losses)
+            self.loss_tracker.update_state(loss)
+            return loss
+
+    keras.utils.set_random_seed(2)
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")
+        model = MyModel(inputs, keras.layers.Dense(1)(hidden(inputs)))
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).random((ROWS, 4))
+    return fitted(model, x, x[:, :1] * 2 - 1), model.get_weights()
+
+
+@pytest.mark.parametrize("strategy", ["onedevice", "mirrored"])
+def test_the_documented_compute_loss_example_equals_one_device(strategy):
+    with configurations.computing_in("float64"):
+        expected = documented_example(keras.Model, tf.distribute.get_strategy())
+        found = documented_example(keras_ctl.CTLModel, devices.get(strategy))
+    assert_same_run(found[0], expected[0], found[1], expected[1])
+
+
+def distiller(ctl, strategy, loss, distillation):
+    """Keras's `Distiller` of a student by a teacher (no training of its
+    own), converted with `from_model` when `ctl`."""
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+
+        def network(name):
+            inputs = keras.Input((4,))
+            hidden = keras.layers.Dense(5, activation="tanh", name=f"{name}_hidden")
+            return keras.Model(
+                inputs, keras.layers.Dense(3)(hidden(inputs)), name=name
+            )
+
+        teacher, student = network("teacher"), network("student")
+        if distillation == "logits":
+            distillation_loss = LogitsDistillation(temperature=2.0)
+        else:
+            distillation_loss = FeatureDistillation(
+                loss="mse",
+                teacher_layer_name="teacher_hidden",
+                student_layer_name="student_hidden",
+            )
+        model = Distiller(
+            teacher=teacher,
+            student=student,
+            distillation_losses=distillation_loss,
+            student_loss_weight=0.5,
+        )
+        if ctl:
+            model = keras_ctl.CTLModel.from_model(model)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1), loss=loss, metrics=["accuracy"]
+        )
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(ROWS, 4)), rng.integers(0, 3, size=(ROWS,))
+    return fitted(model, x, y), student.get_weights()
+
+
+# Made in float64 (a `Loss` takes the float type of its making).
+LOSSES = {
+    "string": lambda: "sparse_categorical_crossentropy",
+    "Loss": lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+}
+
+
+@pytest.mark.parametrize("distillation", ["logits", "feature"])
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_keras_distiller_equals_one_device_on_2_replicas(loss, distillation):
+    with configurations.computing_in("float64"):
+        expected = distiller(
+            False, tf.distribute.get_strategy(), LOSSES[loss](), distillation
+        )
+        found = distiller(True, devices.get("mirrored"), LOSSES[loss](), distillation)
+    assert {"student_loss", "distillation_loss", "total_loss"} <= set(found[0][0])
+    assert_same_run(found[0], expected[0], found[1], expected[1])

@@ -7,7 +7,7 @@ a dataset size that leaves uneven or empty replicas, validation data. In
 float64, CTLModel on one device equals keras.Model to 1e-12 and under
 several replicas to 1e-9 (relative). A failure prints its configuration and
 `python tests/support/configurations.py SEED` reproduces it. Here a fixed
-sample; `tests/end_to_end/generated_sweeps_test.py` 120 more seeds;
+sample; `tests/end_to_end/generated_sweeps_test.py` 40 more seeds;
 `bash .ci/differential` 200 others.
 """
 
@@ -15,8 +15,8 @@ import configurations
 import devices
 import pytest
 
-# The fast tier's fixed sample (about 30 s on 2 cores).
-FAST_SEEDS = range(3)
+# The fast tier's fixed sample.
+FAST_SEEDS = (0,)
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)

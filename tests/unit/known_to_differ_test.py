@@ -53,3 +53,17 @@ def test_a_plain_keras_model_and_a_step_of_ones_own_are_named():
         f"- OwnStep.train_step: {own[0][1]}",
     ]
     assert _explained([]) == ""
+
+
+class SumOfLosses(keras_ctl.CTLModel):
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        return keras.ops.sum(keras.ops.square(y_pred))
+
+
+def test_a_compute_loss_of_ones_own_is_named_with_its_rule():
+    inputs = keras.Input((4,))
+    found = known_to_differ(SumOfLosses(inputs, keras.layers.Dense(2)(inputs)))
+    assert [where for where, _ in found] == ["SumOfLosses.compute_loss"]
+    assert "read as on one device" in found[0][1]
+    assert 'reduction="sum"' in found[0][1]
