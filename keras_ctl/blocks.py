@@ -83,14 +83,16 @@ def global_mean(
             "per-example values (e.g. a loss with `reduction=None`)."
         )
     if sample_weight is None:
-        local_sum = tf.reduce_sum(values)
-        local_weight = tf.cast(tf.size(values), values.dtype)
+        weights = tf.ones_like(values)
     else:
         weights = tf.broadcast_to(
             tf.cast(sample_weight, values.dtype), tf.shape(values)
         )
-        local_sum = tf.reduce_sum(values * weights)
-        local_weight = tf.reduce_sum(weights)
+    real = _keras.real_examples()
+    if real is not None:  # a replica without examples holds a placeholder
+        values, weights = values[:real], weights[:real]
+    local_sum = tf.reduce_sum(values * weights)
+    local_weight = tf.reduce_sum(weights)
     if global_weight is not None:
         share = tf.math.divide_no_nan(local_sum, tf.cast(global_weight, values.dtype))
     else:

@@ -291,3 +291,35 @@ def test_keras_distiller_equals_one_device_on_2_replicas(loss, distillation):
         found = distiller(True, devices.get("mirrored"), LOSSES[loss](), distillation)
     assert {"student_loss", "distillation_loss", "total_loss"} <= set(found[0][0])
     assert_same_run(found[0], expected[0], found[1], expected[1])
+
+
+def with_blocks(base, strategy):
+    """A `compute_loss` built from the blocks, as the guide recommended
+    before the rule: `global_mean` and `scaled_regularization_loss` keep
+    their one-device meaning inside it (on one device, their Keras
+    equivalents)."""
+
+    class WithBlocks(base):
+        def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+            per_example = keras.ops.mean((y_pred - y) ** 2, axis=-1)
+            if base is keras.Model:
+                return keras.ops.mean(per_example) + keras.ops.sum(self.losses)
+            # `self.losses` before any collective (the guide's rule).
+            regularization = keras_ctl.scaled_regularization_loss(self.losses)
+            return keras_ctl.global_mean(per_example) + regularization
+
+    keras.utils.set_random_seed(2)
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")
+        model = WithBlocks(inputs, keras.layers.Dense(1)(hidden(inputs)))
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).random((ROWS, 4))
+    return fitted(model, x, x[:, :1] * 2 - 1), model.get_weights()
+
+
+def test_a_compute_loss_of_blocks_equals_one_device_on_2_replicas():
+    with configurations.computing_in("float64"):
+        expected = with_blocks(keras.Model, tf.distribute.get_strategy())
+        found = with_blocks(keras_ctl.CTLModel, devices.get("mirrored"))
+    assert_same_run(found[0], expected[0], found[1], expected[1])
