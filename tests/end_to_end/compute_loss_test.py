@@ -203,6 +203,19 @@ def assert_same_run(found, expected, found_weights, expected_weights):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 
 
+def regression_run(model_class, strategy):
+    """`(fitted(...), weights)` of a regularized one-output regression of
+    `model_class`, made under `strategy`."""
+    keras.utils.set_random_seed(2)
+    with strategy.scope():
+        inputs = keras.Input((4,))
+        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")
+        model = model_class(inputs, keras.layers.Dense(1)(hidden(inputs)))
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+    x = np.random.default_rng(0).random((ROWS, 4))
+    return fitted(model, x, x[:, :1] * 2 - 1), model.get_weights()
+
+
 def documented_example(base, strategy):
     """`Model.compute_loss`'s docstring example: a mean over the batch, the
     layer losses and a tracker updated inside it."""
@@ -218,14 +231,7 @@ def documented_example(base, strategy):
             self.loss_tracker.update_state(loss)
             return loss
 
-    keras.utils.set_random_seed(2)
-    with strategy.scope():
-        inputs = keras.Input((4,))
-        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")
-        model = MyModel(inputs, keras.layers.Dense(1)(hidden(inputs)))
-        model.compile(optimizer=keras.optimizers.SGD(0.1))
-    x = np.random.default_rng(0).random((ROWS, 4))
-    return fitted(model, x, x[:, :1] * 2 - 1), model.get_weights()
+    return regression_run(MyModel, strategy)
 
 
 @pytest.mark.parametrize("strategy", ["onedevice", "mirrored"])
@@ -308,14 +314,7 @@ def with_blocks(base, strategy):
             regularization = keras_ctl.scaled_regularization_loss(self.losses)
             return keras_ctl.global_mean(per_example) + regularization
 
-    keras.utils.set_random_seed(2)
-    with strategy.scope():
-        inputs = keras.Input((4,))
-        hidden = keras.layers.Dense(5, activation="tanh", kernel_regularizer="l2")
-        model = WithBlocks(inputs, keras.layers.Dense(1)(hidden(inputs)))
-        model.compile(optimizer=keras.optimizers.SGD(0.1))
-    x = np.random.default_rng(0).random((ROWS, 4))
-    return fitted(model, x, x[:, :1] * 2 - 1), model.get_weights()
+    return regression_run(WithBlocks, strategy)
 
 
 def test_a_compute_loss_of_blocks_equals_one_device_on_2_replicas():
