@@ -88,9 +88,9 @@ def global_mean(
         weights = tf.broadcast_to(
             tf.cast(sample_weight, values.dtype), tf.shape(values)
         )
-    real = _keras.real_examples()
-    if real is not None:  # a replica without examples holds a placeholder
-        values, weights = values[:real], weights[:real]
+    # A replica without examples holds a placeholder, which weighs nothing.
+    values = _keras.without_placeholder(values)
+    weights = _keras.without_placeholder(weights)
     local_sum = tf.reduce_sum(values * weights)
     local_weight = tf.reduce_sum(weights)
     if global_weight is not None:

@@ -63,6 +63,7 @@ from keras_ctl._keras.replacements import replica_step
 from keras_ctl._keras.replacements import updated_metrics
 from keras_ctl._keras.state import count_only_real_examples
 from keras_ctl._keras.state import real_examples
+from keras_ctl._keras.state import without_placeholder
 from keras_ctl._keras.variables import gradients
 
 # Keras's functional class and the test `Model.__new__` applies to a
@@ -116,5 +117,6 @@ __all__ = [
     "updated_metrics",
     "user_compute_loss",
     "user_loss",
+    "without_placeholder",
     "without_strategy",
 ]

@@ -6,6 +6,7 @@ from keras import tree
 
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.state import without_placeholder
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import with_placeholder_rows
@@ -24,14 +25,13 @@ def exact_sync_moments(original):
     """
 
     def compute_moments_sync(x, axes, keepdims):
-        real = getattr(_in_step, "real_examples", None)
         if (
             not getattr(_in_step, "active", False)
             or tf.distribute.get_replica_context() is None
         ):
             return original(x, axes, keepdims)
-        if real is not None and 0 in axes:
-            x = x[:real]
+        if 0 in axes:
+            x = without_placeholder(x)
         local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
         local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
         local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)

@@ -9,6 +9,8 @@ step of keras_ctl asked otherwise.
 
 import threading
 
+import tensorflow as tf
+
 _in_step = threading.local()
 
 
@@ -30,3 +32,15 @@ def real_examples():
     """The number of real examples of this replica step's batch when it was
     padded with a placeholder (`count_only_real_examples`), else `None`."""
     return getattr(_in_step, "real_examples", None)
+
+
+def without_placeholder(values):
+    """`values` (batch first) without the placeholder rows of an empty
+    replica's batch: all of them when the batch has real examples, none
+    when it had none. Rows are not sliced to `real_examples()`: a step may
+    stack several batches (a GAN's real and generated images), so only
+    "empty or not" is known of the rows it passes."""
+    real = real_examples()
+    if real is None:
+        return values
+    return values[: tf.where(real > 0, tf.shape(values)[0], 0)]

@@ -308,11 +308,14 @@ def with_blocks(base, strategy):
     class WithBlocks(base):
         def compute_loss(self, x, y, y_pred, sample_weight, training=True):
             per_example = keras.ops.mean((y_pred - y) ** 2, axis=-1)
+            # Two stacked copies of the batch, as a GAN's real and
+            # generated images: every row counts.
+            stacked = keras.ops.concatenate([per_example, 2.0 * per_example])
             if base is keras.Model:
-                return keras.ops.mean(per_example) + keras.ops.sum(self.losses)
+                return keras.ops.mean(stacked) + keras.ops.sum(self.losses)
             # `self.losses` before any collective (the guide's rule).
             regularization = keras_ctl.scaled_regularization_loss(self.losses)
-            return keras_ctl.global_mean(per_example) + regularization
+            return keras_ctl.global_mean(stacked) + regularization
 
     return regression_run(WithBlocks, strategy)
 

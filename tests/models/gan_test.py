@@ -159,6 +159,22 @@ def test_save_and_load_restores_models_optimizers_and_random_stream(tmp_path):
     assert_all_close(numpy_weights(loaded), numpy_weights(gan), atol=1e-6)
 
 
+def trained_weights(gan, epochs=1):
+    x, latents = cases.gan_data()
+    gan.fit(x, latents, batch_size=16, epochs=epochs, shuffle=False, verbose=0)
+    return numpy_weights(gan)
+
+
+def test_two_replicas_train_as_one_device_with_synchronized_norm():
+    """The discriminator sees real and generated images stacked in one
+    batch: every row enters the loss and the synchronized moments."""
+    expected = trained_weights(compiled_gan(synchronized_norm=True))
+    found = trained_weights(
+        compiled_gan(devices.get("mirrored"), synchronized_norm=True)
+    )
+    assert_all_close(found, expected)
+
+
 def test_latent_stream_differs_across_replicas():
     gan = compiled_gan(devices.get("mirrored"))
     strategy = devices.get("mirrored")

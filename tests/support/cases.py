@@ -369,8 +369,9 @@ GAN_LATENT = 8
 GAN_D_STEPS = 2
 
 
-def build_gan(seed=0, **gan_kwargs):
-    """A tiny DCGAN for 8x8 images, with fixed initial weights."""
+def build_gan(seed=0, synchronized_norm=False, **gan_kwargs):
+    """A tiny DCGAN for 8x8 images, with fixed initial weights;
+    `synchronized_norm` adds a synchronized BatchNorm to the discriminator."""
     init = keras.initializers.GlorotUniform
     generator = keras.Sequential(
         [
@@ -387,6 +388,11 @@ def build_gan(seed=0, **gan_kwargs):
         [
             keras.Input((8, 8, 1)),
             keras.layers.Conv2D(4, 3, kernel_initializer=init(seed + 2)),
+            *(
+                [keras.layers.BatchNormalization(synchronized=True)]
+                if synchronized_norm
+                else []
+            ),
             keras.layers.LeakyReLU(0.2),
             keras.layers.Flatten(),
             keras.layers.Dense(1, kernel_initializer=init(seed + 3)),
