@@ -42,6 +42,7 @@ from keras_ctl import callbacks  # noqa: E402
 from keras_ctl import datasets  # noqa: E402
 from keras_ctl import strategies  # noqa: E402
 from keras_ctl import testing  # noqa: E402
+from keras_ctl.blocks import all_gather  # noqa: E402
 from keras_ctl.blocks import all_reduce_sum  # noqa: E402
 from keras_ctl.blocks import global_mean  # noqa: E402
 from keras_ctl.blocks import minimize  # noqa: E402
@@ -75,6 +76,7 @@ __all__ = [
     "GAN",
     "ReplicaSum",
     "Synchronized",
+    "all_gather",
     "all_reduce_sum",
     "callbacks",
     "datasets",

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl._engine import gather
 from keras_ctl._engine import update
 from keras_ctl._engine.loss import regularization_total
 from keras_ctl._replicas import all_reduce_sum
@@ -25,6 +26,7 @@ from keras_ctl._replicas import sum_across_replicas
 from keras_ctl._replicas import valued_as_global
 
 __all__ = [
+    "all_gather",
     "all_reduce_sum",
     "global_mean",
     "minimize",
@@ -100,6 +102,57 @@ def global_mean(
     if batch_fraction() is not None:
         return valued_as_global(share)
     return share
+
+
+def all_gather(values: tf.Tensor) -> tf.Tensor:
+    """Returns the rows of every replica's `values`, in global-batch order.
+
+    A loss that couples the examples of a batch (in-batch negatives, a
+    contrastive similarity matrix, a count of positives that divides the
+    loss) needs the whole global batch, not the replica's part. Gathered
+    rows are the rows one device sees: replicas may hold different numbers
+    of rows, and a replica without examples adds none (its placeholder row
+    is left out). The gradient with respect to a replica's rows is one
+    device's: `tf.distribute.ReplicaContext.all_gather`'s gradient, which
+    sums what every replica's loss asks of them.
+
+    A loss computed from gathered rows is the whole loss, the same on every
+    replica. Return it as it is from a `compute_loss` of one's own (the
+    step weighs each replica's loss by its part of the global batch, parts
+    that add up to one); in a step of one's own, where gradients are
+    summed, each replica adds `loss / keras_ctl.num_replicas()`.
+
+    Args:
+        values: A tensor with the batch first (rank >= 1), the same shape
+            on every replica past the first axis.
+
+    Returns:
+        The rows of all replicas concatenated, replica 0's first: on one
+        replica (or outside a replica step), `values` itself.
+
+    Raises:
+        ValueError: if `values` is a scalar.
+
+    Example:
+
+    ```python
+    def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+        queries, candidates = keras_ctl.all_gather(y_pred), keras_ctl.all_gather(y)
+        scores = keras.ops.matmul(queries, keras.ops.transpose(candidates))
+        labels = keras.ops.eye(keras.ops.shape(scores)[0])
+        return keras.ops.mean(keras.losses.categorical_crossentropy(
+            labels, scores, from_logits=True))
+    ```
+    """
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0:
+        raise ValueError(
+            "Expected `values` with the batch first (rank >= 1), so that "
+            "the rows of every replica can be gathered. Received: values "
+            f"with shape {values.shape}. Gather the per-example values, or "
+            "`keras_ctl.all_reduce_sum` a scalar."
+        )
+    return gather.global_batch(values)
 
 
 def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:

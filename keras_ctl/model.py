@@ -92,6 +92,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     # See `compile()`.
     _gradient_accumulation = "micro_batches"
+    _compute_loss_over = "replica_batch"
 
     # What `help(CTLModel)` shows. Not on `__init__`: Keras reads its
     # arguments from `__init__`'s own signature (`Operation.__new__`).
@@ -347,12 +348,18 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return forward.with_layer_losses(compiled, losses, batch_size)
 
     @_signature.keras_signature(
-        keras.Model.compile, gradient_accumulation=(str, "micro_batches")
+        keras.Model.compile,
+        gradient_accumulation=(str, "micro_batches"),
+        compute_loss_over=(str, "replica_batch"),
     )
     def compile(
-        self, *args: Any, gradient_accumulation: str = "micro_batches", **kwargs: Any
+        self,
+        *args: Any,
+        gradient_accumulation: str = "micro_batches",
+        compute_loss_over: str = "replica_batch",
+        **kwargs: Any,
     ) -> None:
-        """`keras.Model.compile`, with one more option.
+        """`keras.Model.compile`, with two more options.
 
         Every other argument is `keras.Model.compile()`'s, with its default.
 
@@ -365,6 +372,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 would (the two differ when the k batches differ in size,
                 e.g. at the end of an epoch). Either way the gradients
                 cross replicas once per update.
+            compute_loss_over: What a `compute_loss` of the model's own
+                sees under several replicas: `"replica_batch"` (default):
+                each replica's part of the batch, its loss weighed by that
+                part's share of the global batch; `"global_batch"`: every
+                replica's rows of `x`, `y`, `y_pred` and `sample_weight`
+                (`keras_ctl.all_gather`), for a loss that couples the
+                examples of the batch (in-batch negatives, a contrastive
+                similarity matrix, a normalizer counted over the batch), at
+                the cost of the gather and of every replica computing the
+                whole loss. Keras's own `compute_loss` is exact either way.
 
         Returns:
             `None`.
@@ -385,13 +402,21 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 f"Expected `gradient_accumulation` in {accumulation.MODES}. "
                 f"Received: gradient_accumulation={gradient_accumulation!r}."
             )
+        if compute_loss_over not in forward.COMPUTE_LOSS_OVER:
+            raise ValueError(
+                f"Expected `compute_loss_over` in {forward.COMPUTE_LOSS_OVER}. "
+                f"Received: compute_loss_over={compute_loss_over!r}."
+            )
         self._gradient_accumulation = gradient_accumulation
+        self._compute_loss_over = compute_loss_over
         super().compile(*args, **kwargs)
 
     def get_compile_config(self) -> dict[str, Any] | None:
         config = super().get_compile_config()
         if config and self._gradient_accumulation != "micro_batches":
             config["gradient_accumulation"] = self._gradient_accumulation
+        if config and self._compute_loss_over != "replica_batch":
+            config["compute_loss_over"] = self._compute_loss_over
         return config
 
     def compile_from_config(self, config: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
 from keras_ctl._replicas import all_reduce_sum
@@ -39,6 +40,9 @@ from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
 from keras_ctl._replicas import sum_across_replicas
 from keras_ctl._replicas import valued_as_global
+
+# What a `compute_loss` of one's own sees (`CTLModel.compile`).
+COMPUTE_LOSS_OVER = ("replica_batch", "global_batch")
 
 
 class Pass(NamedTuple):
@@ -116,8 +120,12 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
     fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
     if y_pred is None:
         y_pred = model(x, training=training)
+    seen = (x, y, y_pred, sample_weight)
+    if model._compute_loss_over == "global_batch":
+        # Every replica's loss is the whole batch's; the weights sum to 1.
+        seen = gather.global_batch(seen)
     with read_as_batch_losses(fraction):
-        loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, training)
+        loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
     # tracker takes it.
     dtype = loss.dtype if loss.dtype.is_floating else dtype

@@ -1,0 +1,31 @@
+"""The global batch on every replica: rows gathered across replicas."""
+
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl import _keras
+
+
+def global_batch(structure):
+    """`structure` with every tensor of rank >= 1 replaced by its rows of
+    every replica, replica 0's first; other leaves (`None`, scalars) stay.
+    A replica without examples adds no row (its placeholder is left out).
+    The gradient is `ReplicaContext.all_gather`'s: what every replica's loss
+    asks of a replica's rows, summed."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return structure
+    return tree.map_structure(
+        lambda leaf: _rows_of_every_replica(context, leaf), structure
+    )
+
+
+def _rows_of_every_replica(context, leaf):
+    if not tf.is_tensor(leaf) or leaf.shape.rank == 0:
+        return leaf
+    # One gather a tensor: TensorFlow's gradient of a gather of several
+    # tensors stacks their gradients, which fails unless all shapes agree.
+    gathered = context.all_gather(_keras.without_placeholder(leaf), axis=0)
+    # The gather forgets the static shape past the rows; layers need it.
+    gathered.set_shape([None, *leaf.shape[1:]])
+    return gathered

@@ -1,0 +1,147 @@
+"""A loss that couples the examples of the batch (in-batch negatives)
+trains as on one device when its rows are `keras_ctl.all_gather`ed (from a
+`compute_loss` of one's own and from a step of one's own), or, written for
+one device, under `compile(compute_loss_over="global_batch")`: on 2
+replicas with uneven parts and an empty one (float64)."""
+
+import configurations
+import devices
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_ctl
+
+# 19 rows in batches of 8: parts of 4/4, 4/4 and 3/0 on 2 replicas.
+ROWS, BATCH = 19, 8
+
+
+def in_batch_softmax(queries, candidates):
+    """Each query's candidate against every other candidate of the batch."""
+    scores = keras.ops.matmul(queries, keras.ops.transpose(candidates))
+    labels = keras.ops.eye(keras.ops.shape(scores)[0], dtype=scores.dtype)
+    return keras.ops.mean(
+        keras.losses.categorical_crossentropy(labels, scores, from_logits=True)
+    )
+
+
+class GatheredComputeLoss(keras_ctl.CTLModel):
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        return in_batch_softmax(keras_ctl.all_gather(y_pred), keras_ctl.all_gather(y))
+
+
+class OneDeviceComputeLoss(keras.Model):
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        return in_batch_softmax(y_pred, y)
+
+
+class GatheredTrainStep(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = in_batch_softmax(
+                keras_ctl.all_gather(self(x, training=True)), keras_ctl.all_gather(y)
+            )
+            # Every replica computes the whole loss; gradients are summed.
+            share = loss / keras_ctl.num_replicas()
+        keras_ctl.minimize(share, self.trainable_weights, self.optimizer, tape)
+        return {"loss": keras_ctl.Synchronized(loss)}
+
+
+def as_shipped(inputs, outputs):
+    """The one-device model, as written, made a `CTLModel`."""
+    return keras_ctl.CTLModel.from_model(OneDeviceComputeLoss(inputs, outputs))
+
+
+def trained(model_class, strategy, **compile_options):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 5))
+    y = rng.normal(size=(ROWS, 3))
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        inputs = keras.Input((5,))
+        outputs = keras.layers.Dense(3)(keras.layers.Dense(6, "tanh")(inputs))
+        model = model_class(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.5), **compile_options)
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0
+    ).history
+    return [np.asarray(w) for w in model.get_weights()], history["loss"]
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    with configurations.computing_in("float64"):
+        return trained(OneDeviceComputeLoss, tf.distribute.get_strategy())
+
+
+@pytest.mark.parametrize(
+    "model_class, options",
+    [
+        (GatheredComputeLoss, {}),
+        (GatheredTrainStep, {}),
+        (as_shipped, {"compute_loss_over": "global_batch"}),
+    ],
+)
+def test_a_coupled_loss_of_gathered_rows_equals_one_device(
+    one_device, model_class, options
+):
+    expected_weights, expected_losses = one_device
+    with configurations.computing_in("float64"):
+        weights, losses = trained(model_class, devices.get("mirrored"), **options)
+    for found, expected in zip(weights, expected_weights, strict=True):
+        np.testing.assert_allclose(found, expected, atol=1e-9, rtol=0)
+    if model_class is not GatheredTrainStep:  # which logs the last step's
+        np.testing.assert_allclose(losses, expected_losses, rtol=1e-9)
+
+
+def test_gathering_a_scalar_names_the_argument():
+    with pytest.raises(ValueError, match=r"values.*shape \(\)"):
+        keras_ctl.all_gather(tf.constant(1.0))
+
+
+def test_compute_loss_over_is_saved_and_checked():
+    inputs = keras.Input((2,))
+    model = keras_ctl.CTLModel(inputs, keras.layers.Dense(1)(inputs))
+    with pytest.raises(ValueError, match=r"compute_loss_over.*'global'"):
+        model.compile(loss="mse", compute_loss_over="global")
+    model.compile(loss="mse", compute_loss_over="global_batch")
+    assert model.get_compile_config()["compute_loss_over"] == "global_batch"
+
+
+@pytest.mark.parametrize("rows", [(3, 2), (4, 0)])
+def test_the_gather_and_its_gradient_are_one_devices(rows):
+    """Each replica's gradient of the gathered batch's loss, with respect
+    to its own rows, is one device's; the rows come in replica order."""
+    strategy = devices.get("mirrored")
+    data = np.arange(sum(rows) * 2, dtype="float64").reshape(-1, 2) / 10
+    parts = np.split(data, np.cumsum(rows)[:-1])
+    coupling = np.linspace(-1, 1, sum(rows))[:, None]
+
+    def replica_rows(context):
+        return tf.constant(parts[context.replica_id_in_sync_group])
+
+    local = strategy.experimental_distribute_values_from_function(replica_rows)
+
+    @tf.function
+    def step(local):
+        with tf.GradientTape() as tape:
+            tape.watch(local)
+            gathered = keras_ctl.all_gather(local)
+            # A coupled loss: each row against the batch's mean.
+            mean = tf.reduce_mean(gathered, axis=0)
+            loss = tf.reduce_sum(coupling * (gathered - mean) ** 2)
+            share = loss / keras_ctl.num_replicas()
+        return gathered, tape.gradient(share, local)
+
+    gathered, gradients = strategy.run(step, args=(local,))
+    centered = data - data.mean(axis=0)
+    one_device = 2 * (coupling * centered - (coupling * centered).mean(axis=0))
+    expected = np.split(one_device, np.cumsum(rows)[:-1])
+    for replica in range(2):
+        np.testing.assert_array_equal(
+            strategy.experimental_local_results(gathered)[replica], data
+        )
+        found = strategy.experimental_local_results(gradients)[replica]
+        np.testing.assert_allclose(found, expected[replica], atol=1e-12, rtol=0)
