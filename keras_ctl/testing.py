@@ -277,7 +277,9 @@ _OWN_CODE = (
     "code of your own: a mean over this replica's examples (`ops.mean`, "
     "`tf.reduce_mean`) is not one device's mean. Use Keras `Loss` objects, "
     "`self.compute_loss(...)` or `keras_ctl.global_mean`; log values with "
-    "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics."
+    "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics. A loss coupling "
+    "the batch's examples (in-batch negatives, a batch statistic) sees the "
+    "replica's only: gather them with `keras_ctl.all_gather`."
 )
 
 _OWN_LOSS = (
@@ -287,7 +289,8 @@ _OWN_LOSS = (
     "`super().compute_loss` and `self.losses` are one device's. A sum over "
     "examples (`ops.sum` of per-example losses) is not: use a Keras `Loss` "
     "with `reduction=\"sum\"`. A statistic coupling the batch's examples "
-    "(in-batch negatives, a count of positives) covers only the replica's."
+    "(in-batch negatives, a count of positives) covers only the replica's: "
+    "compile with `compute_loss_over=\"global_batch\"`."
 )
 
 
