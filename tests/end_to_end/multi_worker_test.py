@@ -20,6 +20,7 @@ NAMES = [
     "predict",
     "global_clipnorm",
     "accumulation",
+    "in_batch_negatives",
     *cases.GUIDE_CASES,
 ]
 

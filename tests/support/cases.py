@@ -211,6 +211,21 @@ GUIDE_CASES = {
 }
 
 
+def in_batch_negatives_model(base):
+    """`base` with a `compute_loss` written for one device that couples the
+    batch: each example's target against every other one of the batch."""
+
+    class InBatchNegatives(base):
+        def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+            scores = keras.ops.matmul(y_pred, keras.ops.transpose(y))
+            labels = keras.ops.eye(keras.ops.shape(scores)[0], dtype=scores.dtype)
+            return keras.ops.mean(
+                keras.losses.categorical_crossentropy(labels, scores, from_logits=True)
+            )
+
+    return InBatchNegatives
+
+
 def build(case, model_class):
     """Returns `(model, fit_kwargs, eval_kwargs)` for `case`."""
     inputs = keras.Input((8, 8, 1))
@@ -272,6 +287,15 @@ def build(case, model_class):
         y = (x[..., 0] * 3).astype("int32")
         batch = 16
         data = {"x": x, "y": y}
+    elif case == "in_batch_negatives":  # a loss coupling the batch (97, batch 8)
+        model_class = in_batch_negatives_model(model_class)
+        outputs = _dense(8, 6)(_conv_body(inputs))
+        x, _ = digits(97)
+        batch = 8
+        data = {"x": x, "y": x[..., 0].mean(axis=1)}
+        loss = None
+        if issubclass(model_class, keras_ctl.CTLModel):
+            compile_kwargs["compute_loss_over"] = "global_batch"
     elif case == "multi_output":
         h = _conv_body(inputs)
         outputs = {
@@ -324,6 +348,7 @@ INVARIANCE_CASES = (
     "sample_weight",
     "multi_output",
     "sync_batchnorm",
+    "in_batch_negatives",
     *OPTIMIZER_CASES,
     *GUIDE_CASES,
 )
