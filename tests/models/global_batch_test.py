@@ -1,7 +1,8 @@
 """A loss that couples the examples of the batch (in-batch negatives)
 trains as on one device when its rows are `keras_ctl.all_gather`ed (from a
 `compute_loss` of one's own and from a step of one's own), or, written for
-one device, under `compile(compute_loss_over="global_batch")`: on 2
+one device, under `compile(compute_loss_over="global_batch")`, with XLA
+too; so does a queue of embeddings filled from the gathered rows: on 2
 replicas with uneven parts and an empty one (float64)."""
 
 import configurations
@@ -82,6 +83,7 @@ def one_device():
         (GatheredComputeLoss, {}),
         (GatheredTrainStep, {}),
         (as_shipped, {"compute_loss_over": "global_batch"}),
+        (as_shipped, {"compute_loss_over": "global_batch", "jit_compile": True}),
     ],
 )
 def test_a_coupled_loss_of_gathered_rows_equals_one_device(
@@ -145,3 +147,55 @@ def test_the_gather_and_its_gradient_are_one_devices(rows):
         )
         found = strategy.experimental_local_results(gradients)[replica]
         np.testing.assert_allclose(found, expected[replica], atol=1e-12, rtol=0)
+
+
+QUEUE = 6
+
+
+def queued(base):
+    class Queued(base):
+        """NNCLR's and MoCo's pattern: a queue of the latest embeddings, the
+        batch's negatives with the queue's, filled from the global batch."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.queue = self.add_weight(
+                shape=(QUEUE, 3), initializer="zeros", trainable=False, name="queue"
+            )
+
+        def train_step(self, data):
+            x, _ = data
+            with tf.GradientTape() as tape:
+                z = keras_ctl.all_gather(self(x, training=True))
+                support = tf.concat([z, tf.cast(self.queue, z.dtype)], 0)
+                scores = tf.matmul(z, support, transpose_b=True)
+                positives = tf.linalg.diag_part(scores[:, : tf.shape(z)[0]])
+                loss = tf.reduce_mean(tf.reduce_logsumexp(scores, 1) - positives)
+                share = loss / keras_ctl.num_replicas()
+            gradients = tape.gradient(share, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+            self.queue.assign(tf.concat([tf.stop_gradient(z), self.queue], 0)[:QUEUE])
+            return {"loss": loss}
+
+    return Queued
+
+
+def queue_run(base, strategy):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(17, 5))  # 8, 8, 1: one replica of 2 gets none
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        inputs = keras.Input((5,))
+        model = queued(base)(inputs, keras.layers.Dense(3)(inputs))
+        model.compile(optimizer=keras.optimizers.SGD(0.1))
+    model.fit(x, np.zeros(17), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def test_a_queue_filled_from_the_global_batch_equals_one_devices():
+    with configurations.computing_in("float64"):
+        expected = queue_run(keras.Model, tf.distribute.get_strategy())
+        found = queue_run(keras_ctl.CTLModel, devices.get("mirrored"))
+    assert np.abs(expected[-1]).min() > 0  # the queue holds embeddings
+    for got, want in zip(found, expected, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
