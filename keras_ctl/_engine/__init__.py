@@ -12,6 +12,7 @@ uses), below this package and the seam (`keras_ctl._keras`).
   are (clipping and the loss scale's check see the sum).
 - `accumulation`: `gradient_accumulation_steps`, one all-reduce per update.
 - `padding`: a placeholder example for replicas without examples.
+- `gather`: every replica's rows, for losses over the global batch.
 - `plan`: the decisions a step function is built with (XLA, steps per call).
 - `loop`: the train/test/predict functions and their cross-replica logs.
 - `resume`: skipping the batches a killed run trained on.
