@@ -262,7 +262,10 @@ def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
             )
         )
     else:
-        for method in ("train_step", "test_step", "compute_loss"):
+        methods = ["train_step", "test_step", "compute_loss"]
+        if model._compute_loss_over == "global_batch":
+            methods.remove("compute_loss")  # it computes one device's loss
+        for method in methods:
             if getattr(type(model), method) is not getattr(CTLModel, method):
                 why = _OWN_LOSS if method == "compute_loss" else _OWN_CODE
                 found.append((f"{type(model).__name__}.{method}", why))
@@ -289,8 +292,9 @@ _OWN_LOSS = (
     "`super().compute_loss` and `self.losses` are one device's. A sum over "
     "examples (`ops.sum` of per-example losses) is not: use a Keras `Loss` "
     "with `reduction=\"sum\"`. A statistic coupling the batch's examples "
-    "(in-batch negatives, a count of positives) covers only the replica's: "
-    "compile with `compute_loss_over=\"global_batch\"`."
+    "(in-batch negatives, a count of positives) covers only the replica's. "
+    "Compiled with `compute_loss_over=\"global_batch\"`, it sees the "
+    "global batch and both are one device's."
 )
 
 

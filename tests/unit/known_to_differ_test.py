@@ -67,3 +67,11 @@ def test_a_compute_loss_of_ones_own_is_named_with_its_rule():
     assert [where for where, _ in found] == ["SumOfLosses.compute_loss"]
     assert "read as on one device" in found[0][1]
     assert 'reduction="sum"' in found[0][1]
+    assert 'compute_loss_over="global_batch"' in found[0][1]
+
+
+def test_a_compute_loss_over_the_global_batch_is_not_named():
+    inputs = keras.Input((4,))
+    model = SumOfLosses(inputs, keras.layers.Dense(2)(inputs))
+    model.compile(loss="mse", compute_loss_over="global_batch")
+    assert known_to_differ(model) == []

@@ -34,6 +34,7 @@ EXACT = (
     "barlow_twins",
     "simclr",
     "adamatch",
+    "mlm",
 )
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
@@ -43,8 +44,9 @@ SLOW = ("cyclegan", "conditional_gan", "dcgan", "simclr", "barlow_twins")
 # Run as written under replicas, with their own randomness. As written,
 # Barlow Twins', SimCLR's and AdaMatch's losses couple the examples of the
 # replica's batch (their parity modes gather them); the masked language
-# model's `compute_loss` returns a sum over the batch, not a mean
-# (docs/guides/custom-step.md, "Overriding `compute_loss`").
+# model's `compute_loss` returns a sum over the batch, not a mean (its
+# parity mode gives it the global batch's: docs/guides/custom-step.md,
+# "Overriding `compute_loss`").
 AS_WRITTEN = (
     "conditional_gan",
     "dcgan",

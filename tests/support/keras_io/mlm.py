@@ -3,7 +3,9 @@
 and whose `compute_metrics` returns that tracker.
 
 Changed: sizes (5 tokens of a 9-word vocabulary, one embedding and a dense
-layer in place of the BERT encoder).
+layer in place of the BERT encoder). Its `compute_loss` is a sum over the
+batch's tokens, not a batch's mean: parity mode compiles the `CTLModel`
+with `compute_loss_over="global_batch"`, where it sums the global batch's.
 """
 
 import keras
@@ -55,7 +57,10 @@ def train(base, strategy, parity=True):
         )(inputs)
         outputs = dense(9, 5, activation="softmax")(embedded)
         model = model_class(base)(inputs, outputs)
-        model.compile(optimizer=keras.optimizers.Adam(0.01))
+        options = {}
+        if parity and base is not keras.Model:  # changed: the global batch's sum
+            options["compute_loss_over"] = "global_batch"
+        model.compile(optimizer=keras.optimizers.Adam(0.01), **options)
     history = model.fit(
         x,
         tokens,
