@@ -23,6 +23,7 @@ sample-weight sums); a loss that needs more runs the eager exact step
 instead, with a warning.
 """
 
+import contextlib
 import threading
 import warnings
 from typing import Any
@@ -121,10 +122,13 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
     if y_pred is None:
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
+    rows = contextlib.nullcontext()
     if model._compute_loss_over == "global_batch":
-        # Every replica's loss is the whole batch's; the weights sum to 1.
+        # Every replica's loss is the whole batch's, reduced as on one
+        # device; the weights sum to 1.
         seen = gather.global_batch(seen)
-    with read_as_batch_losses(fraction):
+        rows = _keras.rows_of_global_batch()
+    with read_as_batch_losses(fraction), rows:
         loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
     # tracker takes it.

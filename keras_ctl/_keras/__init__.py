@@ -41,6 +41,7 @@ from keras_ctl._keras.access import user_compute_loss
 from keras_ctl._keras.access import user_loss
 from keras_ctl._keras.losses import LossParts
 from keras_ctl._keras.losses import examples_of_batch
+from keras_ctl._keras.losses import rows_of_global_batch
 from keras_ctl._keras.models import SymbolicBuildFromFirstReplica
 from keras_ctl._keras.models import build_from_spec
 from keras_ctl._keras.models import reduce_as_saved_model
@@ -111,6 +112,7 @@ __all__ = [
     "register_under_name",
     "replaced",
     "replica_step",
+    "rows_of_global_batch",
     "set_initial_epoch",
     "strategy_created_under",
     "strategy_of_variable",

@@ -116,6 +116,31 @@ def _zero_unless(condition, value):
     return tf.where(condition, value, tf.zeros_like(value))
 
 
+@contextlib.contextmanager
+def rows_of_global_batch():
+    """Within it (this thread), the rows a loss reduces are the global
+    batch's, gathered on every replica
+    (`CTLModel.compile(compute_loss_over="global_batch")`): it reduces them
+    as one device does, with no collective."""
+    previous = getattr(_in_step, "global_rows", False)
+    _in_step.global_rows = True
+    try:
+        yield
+    finally:
+        _in_step.global_rows = previous
+
+
+def _as_one_device(original, values, sample_weight, mask, reduction, dtype):
+    """Keras's reduction of `values` on one device: its sum over its count,
+    without its division by the replica count."""
+    if ops.convert_to_tensor(values).shape.rank == 0:
+        return original(values, sample_weight, mask, reduction, dtype)
+    parts = _parts_of(original, values, sample_weight, mask, reduction, dtype, None)
+    if parts.count is None:
+        return parts.total
+    return tf.math.divide_no_nan(parts.total, parts.count)
+
+
 def exact_reduction(original):
     """Keras's loss reduction, exact across replicas inside our steps.
 
@@ -159,6 +184,10 @@ def exact_reduction(original):
             capture is not None or exact
         ):
             return original(values, sample_weight, mask, reduction, dtype)
+        if capture is None and getattr(_in_step, "global_rows", False):
+            return _as_one_device(
+                original, values, sample_weight, mask, reduction, dtype
+            )
         examples = (capture or {}).get("examples", real_examples_of_batch())
         if examples is None and ops.convert_to_tensor(values).shape.rank == 0:
             # One value for a batch of unknown size: Keras's mean over

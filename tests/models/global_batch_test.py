@@ -103,6 +103,53 @@ def test_gathering_a_scalar_names_the_argument():
         keras_ctl.all_gather(tf.constant(1.0))
 
 
+def normalized_by_positives(base):
+    """keras-hub RetinaNet's way: per-example weights divided by the
+    batch's count of positives, then `super().compute_loss` with a compiled
+    loss of `reduction="sum"`."""
+
+    class NormalizedByPositives(base):
+        def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+            positive = keras.ops.cast(y[:, 0] > 0, y.dtype)
+            weights = positive / keras.ops.maximum(keras.ops.sum(positive), 1.0)
+            return super().compute_loss(x, y, y_pred, weights, training=training)
+
+    return NormalizedByPositives
+
+
+def detection_run(base, strategy, **compile_options):
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(ROWS, 5)), rng.normal(size=(ROWS, 3))
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        inputs = keras.Input((5,))
+        outputs = keras.layers.Dense(3, kernel_regularizer="l2")(inputs)
+        model = normalized_by_positives(base)(inputs, outputs)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.MeanSquaredError(reduction="sum"),
+            metrics=["mae"],
+            **compile_options,
+        )
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return [np.asarray(w) for w in model.get_weights()], history.history
+
+
+def test_a_normalizer_counted_over_the_batch_and_a_sum_equal_one_device():
+    with configurations.computing_in("float64"):
+        expected = detection_run(keras.Model, tf.distribute.get_strategy())
+        found = detection_run(
+            keras_ctl.CTLModel,
+            devices.get("mirrored"),
+            compute_loss_over="global_batch",
+        )
+    for got, want in zip(found[0], expected[0], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-9, rtol=0)
+    assert found[1].keys() == expected[1].keys()
+    for key, values in expected[1].items():
+        np.testing.assert_allclose(found[1][key], values, rtol=1e-9, err_msg=key)
+
+
 def test_compute_loss_over_is_saved_and_checked():
     inputs = keras.Input((2,))
     model = keras_ctl.CTLModel(inputs, keras.layers.Dense(1)(inputs))
