@@ -120,7 +120,10 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     replica. Return it as it is from a `compute_loss` of one's own (the
     step weighs each replica's loss by its part of the global batch, parts
     that add up to one); in a step of one's own, where gradients are
-    summed, each replica adds `loss / keras_ctl.num_replicas()`.
+    summed, each replica adds `loss / keras_ctl.num_replicas()`. Keras
+    `Loss` objects with `reduction="sum"` (or `super().compute_loss` with
+    them) reduce gathered rows as one device does only under
+    `compile(compute_loss_over="global_batch")`, which gathers for you.
 
     Args:
         values: A tensor with the batch first (rank >= 1), the same shape
