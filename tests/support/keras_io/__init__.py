@@ -38,9 +38,17 @@ EXACT = (
 )
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
-# `tests/models/`, and AdaMatch and `tests/models/global_batch_test.py`
-# for the global batch.
-SLOW = ("cyclegan", "conditional_gan", "dcgan", "simclr", "barlow_twins")
+# `tests/models/`, and `tests/models/global_batch_test.py` for the global
+# batch.
+SLOW = (
+    "cyclegan",
+    "conditional_gan",
+    "dcgan",
+    "simclr",
+    "barlow_twins",
+    "adamatch",
+    "mlm",
+)
 # Run as written under replicas, with their own randomness. As written,
 # Barlow Twins', SimCLR's and AdaMatch's losses couple the examples of the
 # replica's batch (their parity modes gather them); the masked language
