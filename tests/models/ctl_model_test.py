@@ -667,7 +667,11 @@ class Batches(keras.utils.PyDataset):
         return self.x[part], self.y[part]
 
 
-@pytest.mark.parametrize("workers, processes", [(1, False), (2, False), (2, True)])
+@pytest.mark.parametrize(
+    "workers, processes",
+    # Worker processes are child processes: the slow tier's (conftest.py).
+    [(1, False), (2, False), pytest.param(2, True, marks=pytest.mark.slow)],
+)
 def test_a_py_dataset_under_a_strategy_equals_one_device(workers, processes):
     x, y = small_data(101)
     runs = {}
