@@ -114,6 +114,18 @@ def valued_as_global(share, total=None):
 
 
 @contextlib.contextmanager
+def scoped(local, name, value):
+    """Within it, `local.name` (a thread-local's attribute) is `value`; its
+    previous value (or `None`) is back on every exit."""
+    previous = getattr(local, name, None)
+    setattr(local, name, value)
+    try:
+        yield
+    finally:
+        setattr(local, name, previous)
+
+
+@contextlib.contextmanager
 def read_as_batch_losses(fraction):
     """Within it (this thread), a loss is read as one device reads it: the
     value of this replica's batch alone, which the step weighs by
@@ -126,12 +138,8 @@ def read_as_batch_losses(fraction):
     Keras's `Loss` objects, `Model.compute_loss`, `global_mean`) keeps its
     one-device gradient. A replica without examples weighs 0.
     """
-    previous = getattr(_batch, "fraction", None)
-    _batch.fraction = fraction
-    try:
+    with scoped(_batch, "fraction", fraction):
         yield
-    finally:
-        _batch.fraction = previous
 
 
 def batch_fraction():

@@ -76,14 +76,13 @@ def global_mean(
     loss = keras_ctl.global_mean(per_example)
     ```
     """
-    values = tf.convert_to_tensor(values)
-    if values.shape.rank == 0:
-        raise ValueError(
-            "Expected `values` with one entry per example (rank >= 1), so "
-            "that the mean can be taken over the global batch. Received: "
-            f"values with shape {values.shape}. Pass the unreduced "
-            "per-example values (e.g. a loss with `reduction=None`)."
-        )
+    values = _with_batch_axis(
+        values,
+        "with one entry per example (rank >= 1), so that the mean can be "
+        "taken over the global batch",
+        "Pass the unreduced per-example values (e.g. a loss with "
+        "`reduction=None`).",
+    )
     if sample_weight is None:
         weights = tf.ones_like(values)
     else:
@@ -147,15 +146,25 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
             labels, scores, from_logits=True))
     ```
     """
+    values = _with_batch_axis(
+        values,
+        "with the batch first (rank >= 1), so that the rows of every replica "
+        "can be gathered",
+        "Gather the per-example values, or `keras_ctl.all_reduce_sum` a scalar.",
+    )
+    return gather.global_batch(values)
+
+
+def _with_batch_axis(values, expected, remedy):
+    """`values` as a tensor; a `ValueError` saying `expected` and `remedy`
+    when it is a scalar (already reduced over the batch)."""
     values = tf.convert_to_tensor(values)
     if values.shape.rank == 0:
         raise ValueError(
-            "Expected `values` with the batch first (rank >= 1), so that "
-            "the rows of every replica can be gathered. Received: values "
-            f"with shape {values.shape}. Gather the per-example values, or "
-            "`keras_ctl.all_reduce_sum` a scalar."
+            f"Expected `values` {expected}. Received: values with shape "
+            f"{values.shape}. {remedy}"
         )
-    return gather.global_batch(values)
+    return values
 
 
 def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:

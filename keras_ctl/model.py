@@ -397,16 +397,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             )
         ```
         """
-        if gradient_accumulation not in accumulation.MODES:
-            raise ValueError(
-                f"Expected `gradient_accumulation` in {accumulation.MODES}. "
-                f"Received: gradient_accumulation={gradient_accumulation!r}."
-            )
-        if compute_loss_over not in forward.COMPUTE_LOSS_OVER:
-            raise ValueError(
-                f"Expected `compute_loss_over` in {forward.COMPUTE_LOSS_OVER}. "
-                f"Received: compute_loss_over={compute_loss_over!r}."
-            )
+        for name, value, choices in (
+            ("gradient_accumulation", gradient_accumulation, accumulation.MODES),
+            ("compute_loss_over", compute_loss_over, forward.COMPUTE_LOSS_OVER),
+        ):
+            if value not in choices:
+                raise ValueError(
+                    f"Expected `{name}` in {choices}. Received: {name}={value!r}."
+                )
         self._gradient_accumulation = gradient_accumulation
         self._compute_loss_over = compute_loss_over
         super().compile(*args, **kwargs)

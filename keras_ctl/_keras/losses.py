@@ -12,6 +12,7 @@ from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import scoped
 from keras_ctl._replicas import valued_as_global
 
 
@@ -68,12 +69,8 @@ def real_examples_of_batch():
 def examples_of_batch(examples):
     """Within it, a loss that returns one value for the batch is taken as
     that value for each of the batch's `examples` (see `loss_parts`)."""
-    previous = getattr(_in_step, "examples", None)
-    _in_step.examples = examples
-    try:
+    with scoped(_in_step, "examples", examples):
         yield
-    finally:
-        _in_step.examples = previous
 
 
 def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples):
@@ -122,12 +119,8 @@ def rows_of_global_batch():
     batch's, gathered on every replica
     (`CTLModel.compile(compute_loss_over="global_batch")`): it reduces them
     as one device does, with no collective."""
-    previous = getattr(_in_step, "global_rows", False)
-    _in_step.global_rows = True
-    try:
+    with scoped(_in_step, "global_rows", True):
         yield
-    finally:
-        _in_step.global_rows = previous
 
 
 def _as_one_device(original, values, sample_weight, mask, reduction, dtype):
