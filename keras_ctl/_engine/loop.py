@@ -96,9 +96,12 @@ def make_step_function(parts, step, plan, training=False):
     # The variables the step assigns, noted as it is traced: the logs
     # re-read only the metrics it updated.
     written = set()
+    # Whether the step runs eagerly in place of its traced function (the
+    # first step, when it builds state).
+    for_trace = [False]
 
     def replica_step(data):
-        with _keras.replica_step(written):
+        with _keras.replica_step(written, stands_for_trace=for_trace[0]):
             return step(_optionals_to_none(data))
 
     @tf.autograph.experimental.do_not_convert
@@ -257,7 +260,7 @@ def make_step_function(parts, step, plan, training=False):
                 # builds on first use (the keras.io GAN's optimizers, a step
                 # of one's own's compiled metrics) cannot create variables
                 # in a traced replica step.
-                run = eager_checked
+                run = _standing_for_trace(eager_checked, for_trace)
             elif count is None or plan.run_eagerly:
                 run = checked
             else:
@@ -284,6 +287,21 @@ def make_step_function(parts, step, plan, training=False):
         return scheduled[count]
 
     return StepFunction(call, [counted, checked], steps_per_call)
+
+
+def _standing_for_trace(function, flag):
+    """`function`, with `flag[0]` true while it runs: an eager step run in
+    place of the traced one reports what the traced one would
+    (`_keras.replica_step`)."""
+
+    def run(argument):
+        flag[0] = True
+        try:
+            return function(argument)
+        finally:
+            flag[0] = False
+
+    return run
 
 
 def _explaining_errors(function, argument):

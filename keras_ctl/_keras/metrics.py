@@ -3,6 +3,7 @@
 import keras
 import tensorflow as tf
 
+from keras_ctl._keras.state import _in_step
 from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import num_replicas
 
@@ -19,11 +20,19 @@ def weighed_by_batch(original):
     its value is one device's: a mean over the replica's examples becomes
     the global batch's mean, and a replica without examples adds nothing.
     Values with one entry per example (`MeanMetricWrapper`s, any tensor of
-    several values) and explicit weights are Keras's. Replaces
-    `keras.metrics.Mean.update_state`.
+    several values) and explicit weights are Keras's.
+
+    Keras's `CompileLoss` weighs its per-output trackers by the batch's
+    static size, unknown (`None`) in a traced step. The first step of a
+    step of one's own under several replicas runs eagerly in place of the
+    traced one (to build those trackers): there the static size is taken
+    as unknown too, so the first step weighs as the others, and as one
+    device's traced steps. Replaces `keras.metrics.Mean.update_state`.
     """
 
     def update_state(self, values, sample_weight=None):
+        if _static_batch_size_of_compiled_loss(sample_weight):
+            sample_weight = None
         fraction = batch_fraction()
         if (
             fraction is not None
@@ -36,6 +45,16 @@ def weighed_by_batch(original):
         return original(self, values, sample_weight=sample_weight)
 
     return update_state
+
+
+def _static_batch_size_of_compiled_loss(sample_weight):
+    """Whether `sample_weight` is the static batch size `CompileLoss` gives
+    its per-output trackers, in an eager step standing for a trace."""
+    return (
+        isinstance(sample_weight, int)
+        and getattr(_in_step, "stands_for_trace", False)
+        and getattr(_in_step, "examples", None) is not None
+    )
 
 
 def _one_value(values):

@@ -272,17 +272,21 @@ def replaced():
 
 
 @contextlib.contextmanager
-def replica_step(written=None):
+def replica_step(written=None, stands_for_trace=False):
     """Within it (in this thread), Keras code called by a replica step is
     exact across replicas: `Loss` objects, synchronized BatchNorm, layers of
     a replica without examples, `optimizer.apply`, and variables that
     workers share or parameter servers shard (`REPLACEMENTS`). The ids of
-    the variables it assigns are added to the set `written`, when given."""
+    the variables it assigns are added to the set `written`, when given.
+    `stands_for_trace`: the step runs eagerly in place of a traced one, so
+    shapes the trace would not know are taken as unknown
+    (`metrics.weighed_by_batch`)."""
     with in_effect():
         previous = vars(_in_step).copy()
         _in_step.active = True
         _in_step.real_examples = None
         _in_step.written = written
+        _in_step.stands_for_trace = stands_for_trace
         try:
             yield
         finally:

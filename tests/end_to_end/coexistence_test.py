@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 SEEDS = "7:11"  # a float32 configuration, then three float64 ones
-PER_OUTPUT_LOGS = {f"history/{key}" for key in configurations.PER_OUTPUT}
 
 
 def alternated(tmp_path, *flags):
@@ -49,10 +48,6 @@ def test_ctl_models_between_them_equal_keras_on_one_device(runs):
     ]
     assert float64_ctl_runs
     for key in float64_ctl_runs:
-        seed = 7 + int(key.split("/")[0]) // 2
-        limit = configurations.known_limit(configurations.draw(seed), replicas=2)
-        if limit == "per-output logs" and key.split("/", 1)[1] in PER_OUTPUT_LOGS:
-            continue  # documented: docs/good-to-know.md
         np.testing.assert_allclose(
             mixed[key], control[key], rtol=1e-9, atol=1e-9, err_msg=key
         )

@@ -447,16 +447,8 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
     if expected is None:
         expected = run(config, keras.Model, floatx=floatx)
     actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
-    if known == "per-output logs":
-        for result in (expected, actual):
-            result["history"] = {
-                k: v for k, v in result["history"].items() if k not in PER_OUTPUT
-            }
     found = differences(expected, actual)
     return max(found.values()) <= tolerance, found
-
-
-PER_OUTPUT = ("a_loss", "b_loss", "val_a_loss", "val_b_loss")
 
 
 def known_limit(config, replicas):
@@ -464,9 +456,6 @@ def known_limit(config, replicas):
     or `None`; with several replicas and a `train_step` of one's own:
 
     - "refused": `gradient_accumulation_steps` (a clear `ValueError`);
-    - "per-output logs": the per-output losses in `history` of a
-      multi-output model weigh the first step, which runs eagerly to build
-      the compiled loss, by its batch size (docs/good-to-know.md);
     - "sparse gradients": keras.io steps applying embedding gradients
       (`IndexedSlices`), the subject of the users'-steps issue.
     """
@@ -477,8 +466,6 @@ def known_limit(config, replicas):
         return None
     if config["options"].get("gradient_accumulation_steps"):
         return "refused"
-    if override == "keras_io_steps" and config["kind"] == "two_outputs":
-        return "per-output logs"
     if override == "keras_io_steps" and config["kind"] == "masked_embedding":
         return "sparse gradients"
     return None
