@@ -7,7 +7,6 @@ fresh process is not the reference). The CTLModel runs equal the control's
 keras.Model runs too."""
 
 import children
-import configurations
 import numpy as np
 import pytest
 
