@@ -61,8 +61,15 @@ def main(argv):
     )
     from keras_ctl.testing import known_to_differ
 
+    # The first batch, to measure a `compute_loss` of the model's own.
+    batch = None
+    if job["batch_size"] >= 2:
+        batch = keras.tree.map_structure(
+            lambda a: None if a is None else a[: job["batch_size"]],
+            (x, y, job["fit_kwargs"].get("sample_weight")),
+        )
     result = {
-        "known_to_differ": known_to_differ(model),
+        "known_to_differ": known_to_differ(model, batch),
         "weights": [np.asarray(w) for w in model.get_weights()],
         "history": {k: np.asarray(v, dtype=np.float64) for k, v in history.items()},
         "evaluate": {k: float(v) for k, v in evaluation.items()},

@@ -228,15 +228,27 @@ def _table(failures, atol):
     return "\n".join(lines)
 
 
-def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
+def known_to_differ(
+    model: keras.Model, batch: Any = None
+) -> list[tuple[str, str]]:
     """The parts of `model` known to train differently on R replicas than
     on one device, each with what to do: `[(where, why and what to do)]`.
 
     The parity kit adds them to its failure message; a model may differ
-    for other reasons too.
+    for other reasons too. Given a `batch`, a `compute_loss` of the model's
+    own is also measured: its loss on the whole batch against its loss on
+    each half, weighed by the halves' sizes. They agree for a loss that is
+    a mean over examples, which replicas compute exactly; they differ for a
+    sum over examples or a loss that couples the batch's examples (in-batch
+    negatives, a count of positives), and the entry says which, with the
+    numbers measured and the remedy.
 
     Args:
         model: A built `keras.Model`.
+        batch: Optional `(x, y)` or `(x, y, sample_weight)` of NumPy arrays
+            or tensors (dicts and lists of them too), with at least two
+            examples: the batch to measure `compute_loss` on. The model's
+            variables and metrics are as they were afterwards.
 
     Returns:
         `[(where, why and what to do)]`, empty when nothing known differs.
@@ -244,7 +256,7 @@ def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
     Example:
 
     ```python
-    for where, advice in keras_ctl.testing.known_to_differ(model):
+    for where, advice in keras_ctl.testing.known_to_differ(model, (x[:32], y[:32])):
         print(f"{where}: {advice}")
     ```
     """
@@ -266,8 +278,10 @@ def known_to_differ(model: keras.Model) -> list[tuple[str, str]]:
         if model._compute_loss_over == "global_batch":
             methods.remove("compute_loss")  # it computes one device's loss
         for method in methods:
-            if getattr(type(model), method) is not getattr(CTLModel, method):
+            if _users_own(type(model), method):
                 why = _OWN_LOSS if method == "compute_loss" else _OWN_CODE
+                if method == "compute_loss" and batch is not None:
+                    why = _measured_loss(model, batch) or why
                 found.append((f"{type(model).__name__}.{method}", why))
     for layer in _keras.all_layers(model):
         why = _layer_difference(layer)
@@ -296,6 +310,64 @@ _OWN_LOSS = (
     "Compiled with `compute_loss_over=\"global_batch\"`, it sees the "
     "global batch and both are one device's."
 )
+
+
+def _users_own(model_class, method):
+    """Whether `model_class.method` is the user's (keras_ctl's own
+    subclasses, `GAN`, are exact)."""
+    from keras_ctl.model import CTLModel
+
+    function = getattr(model_class, method)
+    return (
+        function is not getattr(CTLModel, method)
+        and function.__module__.split(".")[0] != "keras_ctl"
+    )
+
+
+def _measured_loss(model, batch):
+    """How the model's `compute_loss` on `batch` differs from a mean over
+    examples, with the remedy; `None` when it is one (to 1e-5)."""
+    import tensorflow as tf
+    from keras import tree
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(batch))
+    rows = int(tree.flatten(x)[0].shape[0])
+    if rows < 2:
+        raise ValueError(
+            "Expected `batch` to hold at least two examples (its halves are "
+            f"compared). Received: a batch of {rows} example(s)."
+        )
+    state = [v.numpy() for v in model.variables + model.metrics_variables]
+
+    def loss_of(start, stop):
+        part = tree.map_structure(
+            lambda a: None if a is None else tf.convert_to_tensor(a)[start:stop],
+            (x, y, sample_weight),
+        )
+        y_pred = model(part[0], training=False)
+        loss = model.compute_loss(*part[:2], y_pred, part[2], training=False)
+        return float(np.mean(loss))
+
+    half = rows // 2
+    whole, first, second = loss_of(0, rows), loss_of(0, half), loss_of(half, rows)
+    for variable, value in zip(model.variables + model.metrics_variables, state):
+        variable.assign(value)
+    mean_of_halves = (half * first + (rows - half) * second) / rows
+    if np.isclose(whole, mean_of_halves, rtol=1e-5, atol=1e-7):
+        return None
+    kind = (
+        "a sum over examples"
+        if np.isclose(whole, first + second, rtol=1e-5, atol=1e-7)
+        else "a loss that couples the batch's examples"
+    )
+    return (
+        f"a `compute_loss` of your own, measured on a batch of {rows}: "
+        f"{whole:.6g} on the whole batch, {first:.6g} and {second:.6g} on its "
+        f"halves, whose size-weighted mean is {mean_of_halves:.6g}. It is "
+        f"{kind}, which each replica computes on its part of the batch only. "
+        'Compile with `compute_loss_over="global_batch"`: it then sees the '
+        "global batch, and trains as on one device."
+    )
 
 
 def _layer_difference(layer):

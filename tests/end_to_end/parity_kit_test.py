@@ -91,6 +91,47 @@ def test_a_local_mean_fails_with_a_table():
     assert "keras_ctl.global_mean" in message
 
 
+class InBatchNegatives(keras_ctl.CTLModel):
+    """Retrieval's loss: each query's positive against the batch's others."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        scores = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
+        labels = keras.ops.eye(keras.ops.shape(scores)[0])
+        return keras.ops.mean(
+            keras.losses.categorical_crossentropy(labels, scores, from_logits=True)
+        )
+
+
+def build_in_batch_negatives(compute_loss_over="replica_batch"):
+    model = InBatchNegatives(*layers())
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5), compute_loss_over=compute_loss_over
+    )
+    return model
+
+
+def build_in_batch_negatives_over_the_global_batch():
+    return build_in_batch_negatives("global_batch")
+
+
+def test_a_loss_coupling_the_batch_is_measured_and_its_remedy_passes():
+    x, y = data()
+    with pytest.raises(AssertionError) as failure:
+        assert_replica_invariant(
+            build_in_batch_negatives, x, y, batch_size=16, replicas=(2,)
+        )
+    message = str(failure.value)
+    assert "- InBatchNegatives.compute_loss: a `compute_loss` of your own, " \
+        "measured on a batch of 16" in message
+    assert "couples the batch's examples" in message
+    report = assert_replica_invariant(
+        build_in_batch_negatives_over_the_global_batch, x, y, batch_size=16,
+        replicas=(2,),
+    )
+    assert max(report[2].values()) <= 1e-5
+
+
 def test_a_nested_build_function_is_refused():
     def build():
         return build_exact()

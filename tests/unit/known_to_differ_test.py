@@ -2,6 +2,8 @@
 device, each with what to do."""
 
 import keras
+import numpy as np
+import pytest
 
 import keras_ctl
 from keras_ctl.testing import _explained
@@ -75,3 +77,67 @@ def test_a_compute_loss_over_the_global_batch_is_not_named():
     model = SumOfLosses(inputs, keras.layers.Dense(2)(inputs))
     model.compile(loss="mse", compute_loss_over="global_batch")
     assert known_to_differ(model) == []
+
+
+class InBatchNegatives(keras_ctl.CTLModel):
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        scores = keras.ops.matmul(y_pred, keras.ops.transpose(y))
+        labels = keras.ops.eye(keras.ops.shape(scores)[0])
+        return keras.ops.mean(
+            keras.losses.categorical_crossentropy(labels, scores, from_logits=True)
+        )
+
+
+def _measured(model_class, compile_loss=None):
+    inputs = keras.Input((4,))
+    model = model_class(inputs, keras.layers.Dense(4)(inputs))
+    model.compile(loss=compile_loss)
+    x = np.arange(40, dtype="float32").reshape(10, 4) / 40
+    y = np.cos(np.arange(40, dtype="float32")).reshape(10, 4)
+    weights = [w.copy() for w in model.get_weights()]
+    found = dict(known_to_differ(model, (x, y)))
+    for before, after in zip(weights, model.get_weights()):
+        np.testing.assert_array_equal(before, after)
+    return found, model, (x, y)
+
+
+def test_a_batch_measures_whether_compute_loss_couples_or_sums_the_batch():
+    found, model, (x, y) = _measured(InBatchNegatives)
+    advice = found["InBatchNegatives.compute_loss"]
+    assert "couples the batch's examples" in advice
+    assert 'compute_loss_over="global_batch"' in advice
+    # The numbers measured are in the message.
+    whole = float(model.compute_loss(x, y, model(x), None, training=False))
+    assert f"{whole:.6g} on the whole batch" in advice
+
+    found, _, _ = _measured(SumOfLosses)
+    assert "a sum over examples" in found["SumOfLosses.compute_loss"]
+
+
+class MeanWithPenalty(keras_ctl.CTLModel):
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
+                     training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        return loss + 0.1 * keras.ops.mean(keras.ops.square(y_pred))
+
+
+def test_a_measured_mean_over_examples_gets_the_general_rule():
+    found, _, _ = _measured(MeanWithPenalty, compile_loss="mse")
+    assert "read as on one device" in found["MeanWithPenalty.compute_loss"]
+
+
+def test_a_batch_of_one_example_is_refused_by_name():
+    inputs = keras.Input((4,))
+    model = InBatchNegatives(inputs, keras.layers.Dense(4)(inputs))
+    with pytest.raises(ValueError, match="at least two examples.*1 example"):
+        known_to_differ(model, (np.zeros((1, 4)), np.zeros((1, 4))))
+
+
+def test_keras_ctls_own_gan_is_not_named_as_code_of_ones_own():
+    latent = keras.Input((2,))
+    generator = keras.Model(latent, keras.layers.Dense(3)(latent))
+    image = keras.Input((3,))
+    discriminator = keras.Model(image, keras.layers.Dense(1)(image))
+    gan = keras_ctl.GAN(discriminator=discriminator, generator=generator, latent_dim=2)
+    assert known_to_differ(gan) == []
