@@ -53,3 +53,12 @@ def _is_chief(resolver, cluster):
         and resolver.task_id == 0
         and "chief" not in cluster
     )
+
+
+def needs_equal_shapes(strategy=None):
+    """Whether every replica's tensors must have one shape (XLA on TPUs):
+    rows that differ in number from replica to replica cannot be gathered."""
+    strategy = strategy or tf.distribute.get_strategy()
+    return isinstance(
+        strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+    )

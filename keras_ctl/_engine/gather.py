@@ -4,6 +4,18 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
+from keras_ctl import _topology
+
+UNEQUAL_ROWS_ON_TPU = (
+    "Expected a strategy whose replicas may hold different numbers of rows "
+    "for `keras_ctl.all_gather` and `compute_loss_over=\"global_batch\"`. "
+    "Received: a TPUStrategy, where XLA needs one shape on every replica and "
+    "a replica without examples leaves its placeholder row out. Feed static "
+    "batches (padded to whole global batches with sample weight 0, "
+    "docs/guides/tpu.md), gather with "
+    "`tf.distribute.get_replica_context().all_gather(values, axis=0)` and "
+    "give the padded rows weight 0 in the loss."
+)
 
 
 def global_batch(structure):
@@ -15,6 +27,8 @@ def global_batch(structure):
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return structure
+    if _topology.needs_equal_shapes(context.strategy):
+        raise ValueError(UNEQUAL_ROWS_ON_TPU)
     return tree.map_structure(
         lambda leaf: _rows_of_every_replica(context, leaf), structure
     )

@@ -123,6 +123,19 @@ def rows_of_global_batch():
         yield
 
 
+def _inside_a_layer_call():
+    """Whether a layer's `call()` runs (Keras's call context, per thread).
+
+    A loss a layer computes in its forward pass (keras.io's endpoint layer
+    passing a `Loss` to `add_loss`) is this replica's batch's, as on one
+    device: the step weighs layer losses by the replica's part of the
+    global batch (`forward.with_layer_losses`), and a collective there
+    would let the replica threads, which share the layers, interleave
+    inside the forward pass."""
+    get = names.member("keras.src.backend.common.global_state", "get_global_attribute")
+    return get("current_call_ctx") is not None
+
+
 def _as_one_device(original, values, sample_weight, mask, reduction, dtype):
     """Keras's reduction of `values` on one device: its sum over its count,
     without its division by the replica count."""
@@ -177,7 +190,9 @@ def exact_reduction(original):
             capture is not None or exact
         ):
             return original(values, sample_weight, mask, reduction, dtype)
-        if capture is None and getattr(_in_step, "global_rows", False):
+        if capture is None and (
+            getattr(_in_step, "global_rows", False) or _inside_a_layer_call()
+        ):
             return _as_one_device(
                 original, values, sample_weight, mask, reduction, dtype
             )

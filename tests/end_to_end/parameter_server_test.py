@@ -64,6 +64,13 @@ def test_one_worker_equals_one_device(tmp_path):
     for key, values in want["history"].items():
         np.testing.assert_allclose(gan["history"][key], values, atol=ATOL)
     assert gan["iterations"] == want["iterations"] == [28, 14]
+    # compute_loss_over="global_batch": each step is one worker's whole batch.
+    coupled, want = result["coupled"], result["coupled_reference"]
+    assert_close(coupled["weights"], want["weights"])
+    for key, values in want["history"].items():
+        np.testing.assert_allclose(coupled["history"][key], values, atol=ATOL)
+    for key, value in want["evaluate"].items():
+        np.testing.assert_allclose(coupled["evaluate"][key], value, atol=ATOL)
 
 
 def test_two_workers_apply_every_step_once(tmp_path):

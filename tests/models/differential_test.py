@@ -16,8 +16,9 @@ import devices
 import pytest
 
 # The fast tier's fixed sample; 9 is a two-output model with a keras.io step
-# of its own, whose per-output losses the eager first step once weighed.
-FAST_SEEDS = (0, 9)
+# of its own, whose per-output losses the eager first step once weighed; 7
+# adds layer losses computed from the batch, one through a Keras `Loss`.
+FAST_SEEDS = (0, 7, 9)
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)

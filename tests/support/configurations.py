@@ -98,6 +98,8 @@ def draw(seed):
 
 
 def describe(config):
+    if config["kind"] == "add_loss":
+        config = {**config, "layer_losses": layer_losses(config["seed"])}
     return json.dumps(config, sort_keys=True)
 
 
@@ -193,7 +195,7 @@ def _model(config, model_class):
         return keras.layers.Dense(n, kernel_initializer=init, **kwargs)
 
     if kind == "add_loss":
-        return _with_add_loss(model_class, units, init)
+        return _with_add_loss(model_class, units, init, layer_losses(config["seed"]))
     if kind == "masked_embedding":
         inputs = keras.Input((6,), dtype="int32")
         h = keras.layers.Embedding(13, 4, mask_zero=True, embeddings_initializer=init)(
@@ -224,7 +226,21 @@ def _model(config, model_class):
     return model_class(inputs, outputs)
 
 
-def _with_add_loss(model_class, units, init):
+# What an `add_loss` model's layers add: a penalty on a weight; the mean over
+# the batch of its activations, raw or through a Keras `Loss` object
+# (keras.io's endpoint layer).
+LAYER_LOSSES = ("weight", "activations_mean", "activations_loss_object")
+
+
+def layer_losses(seed):
+    """The non-empty subset of `LAYER_LOSSES` an `add_loss` model of `seed`
+    adds, drawn apart from `draw` (whose stream stays as it was)."""
+    rng = np.random.default_rng([seed, 1])
+    chosen = [name for name in LAYER_LOSSES if rng.integers(2)]
+    return tuple(chosen) or LAYER_LOSSES[:1]
+
+
+def _with_add_loss(model_class, units, init, losses):
     class AddLoss(model_class):
         def __init__(self):
             super().__init__()
@@ -232,10 +248,18 @@ def _with_add_loss(model_class, units, init):
                 6, activation="tanh", kernel_initializer=init
             )
             self.out = keras.layers.Dense(units, kernel_initializer=init)
+            self.activity = keras.losses.MeanSquaredError()
 
         def call(self, x):
             h = self.hidden(x)
-            self.add_loss(1e-2 * keras.ops.mean(keras.ops.square(self.hidden.kernel)))
+            if "weight" in losses:
+                self.add_loss(
+                    1e-2 * keras.ops.mean(keras.ops.square(self.hidden.kernel))
+                )
+            if "activations_mean" in losses:
+                self.add_loss(1e-1 * keras.ops.mean(keras.ops.square(h - 0.3)))
+            if "activations_loss_object" in losses:
+                self.add_loss(0.5 * self.activity(keras.ops.ones_like(h), h))
             return self.out(h)
 
     model = AddLoss()

@@ -91,6 +91,9 @@ if scenario == "one_worker":
         result["class_weight_error"] = str(error)
     result["gan_reference"] = cases.run_gan()
     result["gan"] = cases.run_gan(strategy)
+    # A loss coupling the batch: each step is one worker's whole batch.
+    result["coupled_reference"] = cases.run("in_batch_negatives", keras.Model)
+    result["coupled"] = cases.run("in_batch_negatives", strategy=strategy)
 
 elif scenario == "two_workers":
     folder = os.path.dirname(output)
