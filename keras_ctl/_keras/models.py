@@ -46,12 +46,10 @@ class SymbolicBuildFromFirstReplica:
             try:
                 symbolic_build = names.attribute(self, "_symbolic_build")
                 symbolic_build(iterator=iterator, data_batch=data_batch)
-            except RuntimeError as error:
-                if not isinstance(error.__context__, NotImplementedError):
+            except (RuntimeError, ValueError) as error:
+                if not _built_by_its_step(self, error):
                     raise
-                # A model whose `call()` raises (a trainer that holds an
-                # encoder and a head and never calls itself): its step
-                # builds it, as on one device without a strategy.
+                # Its step builds it, as on one device without a strategy.
                 return
             except StopIteration:
                 raise ValueError(
@@ -91,6 +89,21 @@ def _compiled_loss_and_metrics_hidden(model):
     finally:
         for name, value in hidden.items():
             object.__setattr__(model, name, value)
+
+
+def _built_by_its_step(model, error):
+    """Whether `model` is left to its first step to build, after Keras's
+    symbolic build failed with `error`.
+
+    Keras builds from `x` read off the data as `(x, y, sample_weight)`. A
+    model whose `call()` raises (a trainer that holds an encoder and a head
+    and never calls itself), or whose step of its own reads the data
+    otherwise (`(anchor, positive, negative)` tuples), fails there; one
+    device, where Keras does not build symbolically, builds it in the
+    step."""
+    if isinstance(error.__context__, NotImplementedError):
+        return True
+    return _has_own_step(model)
 
 
 def _has_own_step(model):

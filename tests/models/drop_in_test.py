@@ -187,6 +187,64 @@ def test_a_step_calling_its_loss_on_other_tensors_than_the_data(strategy):
         np.testing.assert_allclose(g, e, rtol=tolerance)
 
 
+def _triplet_model(base):
+    """A step of its own over `(anchor, positive, negative)` batches, which
+    its `call()` takes together (a triplet-loss embedding)."""
+
+    class Triplets(base):
+        def __init__(self):
+            super().__init__()
+            init = keras.initializers.GlorotUniform(seed=1)
+            self.embed = keras.layers.Dense(4, kernel_initializer=init)
+
+        def call(self, triplet):
+            return [self.embed(part) for part in triplet]
+
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                anchor, positive, negative = self(data)
+                margins = tf.maximum(
+                    tf.reduce_sum(tf.square(anchor - positive), -1)
+                    - tf.reduce_sum(tf.square(anchor - negative), -1)
+                    + 0.5,
+                    0.0,
+                )
+                if isinstance(self, CTLModel):
+                    loss = keras_ctl.global_mean(margins)
+                else:
+                    loss = tf.reduce_mean(margins)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            if isinstance(self, CTLModel):
+                return {"loss": keras_ctl.ReplicaSum(loss)}
+            return {"loss": loss}
+
+    return Triplets
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_batches_of_another_structure_reach_the_step_as_written(strategy):
+    # Keras's build under a strategy reads a batch as `(x, y, sample_weight)`
+    # and calls the model on the anchors alone; one device builds in the
+    # step, and so does CTLModel under a strategy.
+    rng = np.random.default_rng(6)
+    triplets = tuple(rng.random((17, 3)) for _ in range(3))
+
+    def train(base, strategy):
+        with strategy.scope():
+            model = _triplet_model(base)()
+            model.compile(optimizer=keras.optimizers.SGD(0.1))
+        data = tf.data.Dataset.from_tensor_slices(triplets).batch(8)
+        history = model.fit(data, epochs=2, verbose=0)
+        return model.get_weights(), history.history["loss"]
+
+    with configurations.computing_in("float64"):
+        expected = train(keras.Model, tf.distribute.get_strategy())
+        got = train(CTLModel, devices.get(strategy))
+    for g, e in zip([*got[0], got[1]], [*expected[0], expected[1]], strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-12)
+
+
 def test_in_batch_classes_of_a_replica_without_examples():
     # An in-batch contrastive loss has as many classes as examples; a
     # replica without examples has scores of shape (0, 0), which
