@@ -5,7 +5,8 @@ The public surface, re-exported here:
 - `CTLModel`, `GAN`: models whose `fit()` is exact under any strategy.
 - building blocks for custom steps (`keras_ctl.blocks`): `global_mean`,
   `scaled_regularization_loss`, `minimize`, `all_reduce_sum`,
-  `num_replicas`;
+  `num_replicas`, and for losses over the global batch `all_gather` and
+  `row_offset`;
 - typed step outputs (`keras_ctl.outputs`): `ReplicaSum`, `ExampleMean`,
   `Synchronized`;
 - modules: `callbacks` (`BackupAndRestore`), `strategies`, `datasets`,
@@ -47,6 +48,7 @@ from keras_ctl.blocks import all_reduce_sum  # noqa: E402
 from keras_ctl.blocks import global_mean  # noqa: E402
 from keras_ctl.blocks import minimize  # noqa: E402
 from keras_ctl.blocks import num_replicas  # noqa: E402
+from keras_ctl.blocks import row_offset  # noqa: E402
 from keras_ctl.blocks import scaled_regularization_loss  # noqa: E402
 from keras_ctl.gan import GAN  # noqa: E402
 from keras_ctl.model import CTLModel  # noqa: E402
@@ -83,6 +85,7 @@ __all__ = [
     "global_mean",
     "minimize",
     "num_replicas",
+    "row_offset",
     "scaled_regularization_loss",
     "strategies",
     "testing",

@@ -155,6 +155,46 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     return gather.global_batch(values)
 
 
+def row_offset(values: tf.Tensor) -> tf.Tensor:
+    """Returns where this replica's rows of `values` start in
+    `all_gather(values)`: the number of rows of the replicas before it.
+
+    With queries kept on their replica and candidates gathered, query `i`
+    of this replica is row `row_offset(queries) + i` of the global batch:
+    its positive's column in the score matrix. Replicas may hold different
+    numbers of rows; a replica without examples holds none.
+
+    Args:
+        values: A tensor with the batch first (rank >= 1): this replica's
+            rows.
+
+    Returns:
+        A scalar `int32` tensor: 0 on one replica (or outside a replica
+        step).
+
+    Raises:
+        ValueError: if `values` is a scalar.
+
+    Example:
+
+    ```python
+    def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+        candidates = keras_ctl.all_gather(y)
+        scores = keras.ops.matmul(y_pred, keras.ops.transpose(candidates))
+        positives = keras_ctl.row_offset(y_pred) + keras.ops.arange(
+            keras.ops.shape(y_pred)[0])
+        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+            positives, scores, from_logits=True))
+    ```
+    """
+    values = _with_batch_axis(
+        values,
+        "with the batch first (rank >= 1): its rows are counted",
+        "Pass the per-example values whose rows you gather.",
+    )
+    return gather.row_offset(values)
+
+
 def _with_batch_axis(values, expected, remedy):
     """`values` as a tensor; a `ValueError` saying `expected` and `remedy`
     when it is a scalar (already reduced over the batch)."""

@@ -43,3 +43,17 @@ def _rows_of_every_replica(context, leaf):
     # The gather forgets the static shape past the rows; layers need it.
     gathered.set_shape([None, *leaf.shape[1:]])
     return gathered
+
+
+def row_offset(values):
+    """Where this replica's rows of `values` start in `global_batch`'s:
+    the rows of the replicas before it (0 on one replica)."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return tf.constant(0, tf.int32)
+    if _topology.needs_equal_shapes(context.strategy):
+        raise ValueError(UNEQUAL_ROWS_ON_TPU)
+    rows = tf.shape(_keras.without_placeholder(values))[:1]
+    counts = context.all_gather(rows, axis=0)
+    before = tf.range(context.num_replicas_in_sync) < context.replica_id_in_sync_group
+    return tf.reduce_sum(tf.where(before, counts, tf.zeros_like(counts)))

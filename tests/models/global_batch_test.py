@@ -51,6 +51,23 @@ class GatheredTrainStep(keras_ctl.CTLModel):
         return {"loss": keras_ctl.Synchronized(loss)}
 
 
+class LocalQueries(keras_ctl.CTLModel):
+    """Queries stay on their replica, candidates are gathered: a query's
+    positive is its row of the global batch (`row_offset`)."""
+
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        candidates = keras_ctl.all_gather(y)
+        scores = keras.ops.matmul(y_pred, keras.ops.transpose(candidates))
+        positives = keras_ctl.row_offset(y_pred) + keras.ops.arange(
+            keras.ops.shape(y_pred)[0]
+        )
+        return keras.ops.mean(
+            keras.losses.sparse_categorical_crossentropy(
+                positives, scores, from_logits=True
+            )
+        )
+
+
 def as_shipped(inputs, outputs):
     """The one-device model, as written, made a `CTLModel`."""
     return keras_ctl.CTLModel.from_model(OneDeviceComputeLoss(inputs, outputs))
@@ -83,6 +100,7 @@ def one_device():
     [
         (GatheredComputeLoss, {}),
         (GatheredTrainStep, {}),
+        (LocalQueries, {}),
         (as_shipped, {"compute_loss_over": "global_batch"}),
         (as_shipped, {"compute_loss_over": "global_batch", "jit_compile": True}),
     ],
@@ -102,6 +120,30 @@ def test_a_coupled_loss_of_gathered_rows_equals_one_device(
 def test_gathering_a_scalar_names_the_argument():
     with pytest.raises(ValueError, match=r"values.*shape \(\)"):
         keras_ctl.all_gather(tf.constant(1.0))
+    with pytest.raises(ValueError, match=r"values.*shape \(\)"):
+        keras_ctl.row_offset(tf.constant(1.0))
+
+
+@pytest.mark.parametrize("rows", [(3, 2), (1, 0), (0, 2)])
+def test_each_replicas_row_offset_is_where_its_rows_start(rows):
+    strategy = devices.get("mirrored")
+
+    def step(ids):
+        return keras_ctl.row_offset(ids), keras_ctl.all_gather(ids)
+
+    def parts(context):
+        start = sum(rows[: context.replica_id_in_sync_group])
+        return tf.range(start, start + rows[context.replica_id_in_sync_group])
+
+    ids = strategy.experimental_distribute_values_from_function(parts)
+    offsets, gathered = strategy.run(tf.function(step), args=(ids,))
+    assert [int(o) for o in strategy.experimental_local_results(offsets)] == [
+        0,
+        rows[0],
+    ]
+    for replica in strategy.experimental_local_results(gathered):
+        assert replica.numpy().tolist() == list(range(sum(rows)))
+    assert int(keras_ctl.row_offset(tf.zeros((4, 2)))) == 0  # outside a step
 
 
 def normalized_by_positives(base):
