@@ -407,6 +407,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 )
         self._gradient_accumulation = gradient_accumulation
         self._compute_loss_over = compute_loss_over
+        object.__setattr__(self, "_logged_metric_names", None)
         super().compile(*args, **kwargs)
 
     def get_compile_config(self) -> dict[str, Any] | None:
@@ -737,7 +738,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 _keras.add_to_mean(tracker, share, per_replica)
 
         def update():
-            self.compute_metrics(x, y, y_pred, sample_weight)
+            logs = self.compute_metrics(x, y, y_pred, sample_weight)
+            if isinstance(logs, dict):
+                # Keras logs what `compute_metrics` returns (an override
+                # may leave a metric out); noted as it is traced.
+                object.__setattr__(self, "_logged_metric_names", list(logs))
             return tf.constant(True)
 
         if blocks.num_replicas() == 1:
@@ -755,7 +760,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         else:
             # A replica padded with a placeholder example skips the update.
             tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
-        return self.get_metrics_result()
+        results = self.get_metrics_result()
+        names = getattr(self, "_logged_metric_names", None)
+        if names is None:
+            return results
+        return {name: results[name] for name in names if name in results}
 
 
 def _read_sharded_variables_whole():

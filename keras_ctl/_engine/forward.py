@@ -123,11 +123,17 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
     rows = contextlib.nullcontext()
+    weight = fraction
     if model._compute_loss_over == "global_batch":
         # Every replica's loss is the whole batch's, reduced as on one
-        # device; the weights sum to 1.
+        # device. Only the first replica's trains: the gradients of
+        # variables used after the gather (an embedding looked up for
+        # gathered labels) are then one device's slices, where weights
+        # summing to 1 over the replicas would give R weighed copies of
+        # each, which Adam's sparse update squares one by one.
         seen = gather.global_batch(seen)
         rows = _keras.rows_of_global_batch()
+        weight = gather.first_replica()
     with read_as_batch_losses(fraction), rows:
         loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
@@ -135,7 +141,7 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
     dtype = loss.dtype if loss.dtype.is_floating else dtype
     loss = tf.reduce_mean(tf.cast(loss, dtype))
     local = tf.cast(shares.local_batch_size, dtype)
-    return Pass(y_pred, loss * tf.cast(fraction, dtype), loss * local, shares)
+    return Pass(y_pred, loss * tf.cast(weight, dtype), loss * local, shares)
 
 
 def compiled_terms(model, y, y_pred, sample_weight, batch_size):

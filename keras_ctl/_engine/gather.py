@@ -57,3 +57,11 @@ def row_offset(values):
     counts = context.all_gather(rows, axis=0)
     before = tf.range(context.num_replicas_in_sync) < context.replica_id_in_sync_group
     return tf.reduce_sum(tf.where(before, counts, tf.zeros_like(counts)))
+
+
+def first_replica():
+    """1.0 on the first replica (and on one), 0.0 on the others."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return tf.constant(1.0)
+    return tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)

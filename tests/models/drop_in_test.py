@@ -323,3 +323,42 @@ def test_a_step_returning_its_own_loss_logs_it():
         got = train(CTLModel, devices.get("mirrored"))
     assert min(expected) > 0.01
     np.testing.assert_allclose(got, expected, rtol=1e-9)
+
+
+def _popping_model(base):
+    """keras-rs's multi-task example: `compute_metrics` logs only the
+    metrics that mean something in training."""
+
+    class Popping(base):
+        def compute_metrics(self, x, y, y_pred, sample_weight=None):
+            logs = super().compute_metrics(x, y, y_pred, sample_weight)
+            logs.pop("mae")
+            return logs
+
+    return Popping
+
+
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_the_logs_are_what_compute_metrics_returns(strategy):
+    rng = np.random.default_rng(7)
+    x, y = rng.random((17, 3)), rng.random((17, 2))
+
+    def train(base, strategy):
+        with strategy.scope():
+            inputs = keras.Input((3,))
+            init = keras.initializers.GlorotUniform(seed=2)
+            outputs = keras.layers.Dense(2, kernel_initializer=init)(inputs)
+            model = _popping_model(base)(inputs, outputs)
+            model.compile(optimizer="sgd", loss="mse", metrics=["mae", "mse"])
+        history = model.fit(
+            x, y, batch_size=8, epochs=2, shuffle=False, verbose=0
+        ).history
+        return history, model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)
+
+    with configurations.computing_in("float64"):
+        expected = train(keras.Model, tf.distribute.get_strategy())
+        got = train(CTLModel, devices.get(strategy))
+    for found, wanted in zip(got, expected, strict=True):
+        assert sorted(found) == sorted(wanted) == ["loss", "mse"]
+        for key in wanted:
+            np.testing.assert_allclose(found[key], wanted[key], rtol=1e-9)

@@ -301,3 +301,57 @@ def test_generated_coupled_losses_have_one_devices_gradients(seed):
     at random over 2 replicas (some empty): the gradient summed over the
     replicas equals one device's, float64."""
     coupled_losses.check(seed, devices.get("mirrored"))
+
+
+def label_embeddings(base):
+    """keras-rs's sequential retrieval: the candidates are an embedding
+    looked up for the batch's labels inside `compute_loss` (sparse
+    gradients), scored against every query of the batch."""
+
+    class LabelEmbeddings(base):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            init = keras.initializers.RandomNormal(seed=3)
+            self.query = keras.layers.Dense(4, kernel_initializer=init)
+            self.candidates = keras.layers.Embedding(
+                7, 4, embeddings_initializer=init
+            )
+            self.candidates.build((None,))
+
+        def call(self, x):
+            return self.query(x)
+
+        def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+            candidates = self.candidates(y)
+            scores = keras.ops.matmul(y_pred, keras.ops.transpose(candidates))
+            labels = keras.ops.eye(keras.ops.shape(scores)[0], dtype=scores.dtype)
+            return keras.ops.mean(
+                keras.losses.categorical_crossentropy(labels, scores, from_logits=True)
+            )
+
+    return LabelEmbeddings
+
+
+def label_embeddings_run(base, strategy, **compile_options):
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(ROWS, 5)), rng.integers(0, 7, ROWS)
+    with strategy.scope():
+        model = label_embeddings(base)()
+        model.compile(optimizer=keras.optimizers.Adam(0.05), **compile_options)
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    return [np.asarray(w) for w in model.get_weights()], history.history["loss"]
+
+
+def test_an_embedding_looked_up_for_gathered_labels_trains_with_adam_as_on_one_device():
+    # Adam squares each slice of a sparse gradient: every replica weighing
+    # its copy of the gathered lookups gave R slices per lookup.
+    with configurations.computing_in("float64"):
+        expected = label_embeddings_run(keras.Model, tf.distribute.get_strategy())
+        got = label_embeddings_run(
+            keras_ctl.CTLModel,
+            devices.get("mirrored"),
+            compute_loss_over="global_batch",
+        )
+    pairs = zip([*got[0], got[1]], [*expected[0], expected[1]], strict=True)
+    for found, wanted in pairs:
+        np.testing.assert_allclose(found, wanted, rtol=1e-9, atol=1e-12)

@@ -35,6 +35,9 @@ EXACT = (
     "simclr",
     "adamatch",
     "mlm",
+    "nnclr",
+    "rs_sequential_retrieval",
+    "rs_multi_task",
 )
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
@@ -48,6 +51,9 @@ SLOW = (
     "barlow_twins",
     "adamatch",
     "mlm",
+    "nnclr",
+    "rs_sequential_retrieval",
+    "rs_multi_task",
 )
 # Run as written under replicas, with their own randomness. As written,
 # Barlow Twins', SimCLR's and AdaMatch's losses couple the examples of the
@@ -66,7 +72,11 @@ AS_WRITTEN = (
     "consistency_training",
     "adamatch",
     "mlm",
+    "rs_sequential_retrieval",
+    "rs_multi_task",
 )
+# NNCLR does not run as written: on a replica without examples its queue
+# update, `feature_queue[:-batch_size]` with a batch size of 0, is empty.
 # As written, their logged losses are a replica's local means: NaN for a
 # replica without examples (docs/good-to-know.md, "Local means in a step of one's own").
 LOCAL_MEANS_LOGGED = ("vae", "simsiam", "adamatch")
