@@ -121,8 +121,10 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     that add up to one); in a step of one's own, where gradients are
     summed, each replica adds `loss / keras_ctl.num_replicas()`. Keras
     `Loss` objects with `reduction="sum"` (or `super().compute_loss` with
-    them) reduce gathered rows as one device does only under
-    `compile(compute_loss_over="global_batch")`, which gathers for you.
+    them), and embeddings looked up for gathered rows under an Adam-family
+    optimizer (whose sparse update squares each replica's copy), train as
+    on one device only under `compile(compute_loss_over="global_batch")`,
+    which gathers for you.
 
     Args:
         values: A tensor with the batch first (rank >= 1), the same shape
