@@ -16,9 +16,10 @@ import devices
 import pytest
 
 # The fast tier's fixed sample; 9 is a two-output model with a keras.io step
-# of its own, whose per-output losses the eager first step once weighed; 7
-# adds layer losses computed from the batch, one through a Keras `Loss`.
-FAST_SEEDS = (0, 7, 9)
+# of its own, whose per-output losses the eager first step once weighed.
+# (The slow sweep's seed 7 adds layer losses computed from the batch, one
+# through a Keras `Loss`.)
+FAST_SEEDS = (0, 9)
 
 
 @pytest.mark.parametrize("seed", FAST_SEEDS)
