@@ -453,10 +453,25 @@ def differences(expected, actual):
     return out
 
 
+def _mask_count_has_epsilon():
+    """Whether Keras weighs a masked loss's entries by `total / (valid +
+    epsilon)` (Keras 3.12; 3.15 divides by `valid` exactly): keras_ctl's
+    mean over the global batch's valid entries is then exact where one
+    device's is not."""
+    import inspect
+
+    from keras.src.losses import loss
+
+    return "epsilon" in inspect.getsource(loss.apply_mask)
+
+
 def check(config, strategy=None, floatx="float64", tolerance=None, expected=None):
     """Compares `config` under `strategy` with `keras.Model` on one device
     (`expected`, when already run); returns `(passed, differences)`."""
     tolerance = tolerance or {"float64": 1e-9, "float32": 1e-5}[floatx]
+    if config["loss"] == "sparse_ce_ignore" and _mask_count_has_epsilon():
+        # One device's masked mean is off the exact one by about 1e-7 / valid.
+        tolerance = max(tolerance, 1e-6)
     known = known_limit(config, strategy.num_replicas_in_sync if strategy else 1)
     if known == "refused":
         try:
