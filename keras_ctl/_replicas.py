@@ -9,12 +9,13 @@ gradients (`tf.distribute` sums gradients across replicas).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import tensorflow as tf
 
-# This thread's share of the global batch while a `compute_loss` of the
-# user's own runs (`read_as_batch_losses`).
+# This thread's share of the global batch while code of the user's own (a
+# `train_step`, `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
 _batch = threading.local()
 
 
@@ -27,7 +28,7 @@ def num_replicas() -> int:
     Example:
 
     ```python
-    reg = penalty / keras_ctl.num_replicas()  # gradients are summed
+    per_replica_batch = global_batch_size // keras_ctl.num_replicas()
     ```
     """
     return tf.distribute.get_strategy().num_replicas_in_sync
@@ -100,10 +101,7 @@ def valued_as_global(share, total=None):
     share's divided by the replica's fraction of the global batch, which
     the step multiplies back.
     """
-    if (
-        num_replicas() == 1
-        or tf.distribute.get_replica_context() is None
-    ):
+    if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
         return share
     if total is None:
         total = all_reduce_sum(tf.stop_gradient(share))
@@ -136,7 +134,11 @@ def read_as_batch_losses(fraction):
     weighted gradients are summed, a term that does not depend on the batch
     (a regularizer) counts once, and an exact loss (`valued_as_global`:
     Keras's `Loss` objects, `Model.compute_loss`, `global_mean`) keeps its
-    one-device gradient. A replica without examples weighs 0.
+    one-device gradient. A replica without examples weighs 0: nothing it
+    computes on its placeholder reaches the update, NaN included
+    (`weighed_by_fraction`). The step weighs the loss (a `compute_loss` of
+    one's own), or the gradients where they are summed (a `train_step` of
+    one's own: `sum_across_replicas`) and the logs (`outputs`).
     """
     with scoped(_batch, "fraction", fraction):
         yield
@@ -148,6 +150,33 @@ def batch_fraction():
     return getattr(_batch, "fraction", None)
 
 
+def written_in_shares(method):
+    """`method` (keras_ctl's own exact step code, such as `GAN.train_step`)
+    runs with its shares as written, also when a step of the user's own
+    calls it: the reading of `read_as_batch_losses` is off within it."""
+
+    @functools.wraps(method)
+    def run(*args, **kwargs):
+        with scoped(_batch, "fraction", None):
+            return method(*args, **kwargs)
+
+    return run
+
+
+def weighed_by_fraction(value, fraction):
+    """`value x fraction`, exactly 0 where `fraction` is 0: a replica
+    without examples adds nothing, not even the NaN of a mean over no
+    example or of a layer singular at its placeholder."""
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            weighed_by_fraction(value.values, fraction),
+            value.indices,
+            value.dense_shape,
+        )
+    fraction = tf.cast(fraction, value.dtype)
+    return tf.where(fraction > 0, value * fraction, tf.zeros_like(value))
+
+
 def sum_across_replicas(gradients, counts=()):
     """Returns `(gradients, counts)`, each summed across replicas.
 
@@ -155,12 +184,22 @@ def sum_across_replicas(gradients, counts=()):
     `tf.distribute` packs the values of one all-reduce together. `None`
     gradients (variables the loss does not reach) stay `None`.
 
+    Inside `read_as_batch_losses` (a step of the user's own), each
+    gradient is weighed by the replica's fraction of the global batch
+    first: the gradients of one device's code on each replica's part sum
+    to one device's gradient on the whole batch.
+
     Args:
         gradients: This replica's gradients.
         counts: Scalars to sum along with them, such as this replica's
             number of examples.
     """
     counts = list(counts)
+    fraction = batch_fraction()
+    if fraction is not None and num_replicas() > 1:
+        gradients = [
+            None if g is None else weighed_by_fraction(g, fraction) for g in gradients
+        ]
     present = [g for g in gradients if g is not None]
     if (
         num_replicas() == 1

@@ -21,6 +21,7 @@ from keras_ctl import _keras
 from keras_ctl import _signature
 from keras_ctl import blocks
 from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl._replicas import written_in_shares
 from keras_ctl.model import CTLModel
 
 
@@ -174,6 +175,7 @@ class GAN(CTLModel):
         """
         return self.generator(latents, training=training)
 
+    @written_in_shares
     def train_step(self, data: Any) -> dict[str, Any]:
         data, batch_size = pad_empty_batch(data)
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
@@ -195,6 +197,7 @@ class GAN(CTLModel):
         _keras.add_to_mean(self.g_loss_tracker, g_loss, steps_per_replica)
         return {m.name: m.result() for m in self.metrics}
 
+    @written_in_shares
     def train_discriminator(
         self,
         real: tf.Tensor,
@@ -252,6 +255,7 @@ class GAN(CTLModel):
         blocks.minimize(loss, variables, self.d_optimizer, tape)
         return loss
 
+    @written_in_shares
     def train_generator(
         self,
         latents: tf.Tensor,
@@ -391,6 +395,7 @@ class GAN(CTLModel):
             self.build_optimizers()  # `CTLModel` builds them only when built
         return super().make_train_function(force)
 
+    @written_in_shares
     def test_step(self, data: Any) -> dict[str, Any]:
         raise NotImplementedError(
             "A GAN has no labels to evaluate against. Received: a call to "

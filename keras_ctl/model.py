@@ -28,6 +28,8 @@ from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
+from keras_ctl._own_code import reads_as_one_device
+from keras_ctl._replicas import written_in_shares
 
 
 def _in_effect(method):
@@ -214,6 +216,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 with self.distribute_strategy.scope():
                     optimizer.build(variables)
 
+    @written_in_shares
     def train_step(self, data: Any) -> dict[str, Any]:
         """One exact training step on this replica's part of the batch.
 
@@ -252,6 +255,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             update.apply_summed(self.optimizer, step.gradients, self.trainable_weights)
         return self._update_metrics(x, y, sample_weight, step)
 
+    @written_in_shares
     def test_step(self, data: Any) -> dict[str, Any]:
         """One exact evaluation step on this replica's part of the batch.
 
@@ -688,11 +692,11 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if plan.xla == "per_replica_pass":
             compiled_pass = forward.CompiledPass(self, training=training)
         function = loop.make_step_function(
-            self._step_parts(), step, plan, training=training
+            self._step_parts(training), step, plan, training=training
         )
         return compiled_pass, function
 
-    def _step_parts(self):
+    def _step_parts(self, training):
         def optimizers():
             return [o for o, _ in self.optimizers_and_variables() if o is not None]
 
@@ -702,6 +706,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             optimizers=optimizers,
             metrics=lambda: self.metrics,
             builds_on_first_use=self._builds_state_on_first_use,
+            reads_as_one_device=reads_as_one_device(
+                type(self), "train_step" if training else "test_step"
+            ),
         )
 
     def _builds_state_on_first_use(self):

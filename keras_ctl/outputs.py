@@ -17,6 +17,7 @@ import tensorflow as tf
 from keras_ctl import _topology
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import weighed_by_fraction
 
 
 class ReplicaSum(NamedTuple):
@@ -91,6 +92,11 @@ def all_reduce_logs(outputs, metrics=()):
     - on one replica, every value as the step computed it (typed values
       unwrapped).
 
+    (`fit()` reduces the logs of a step of the user's own with more: a
+    metric's result is recognized under any key, and any other untyped
+    value is weighed by the replica's fraction of the global batch, as one
+    device's code read on each replica's part.)
+
     Args:
         outputs: A nest (dicts, lists, tuples) of step outputs.
         metrics: The model's metrics, whose state the step has updated.
@@ -99,9 +105,27 @@ def all_reduce_logs(outputs, metrics=()):
     Returns:
         The same nest with every leaf reduced to one tensor.
     """
+    return reduce_step_logs(outputs, metrics)
+
+
+def reduce_step_logs(outputs, metrics=(), results=None, fraction=None):
+    """`all_reduce_logs`, with what the step engine knows of the step.
+
+    Args:
+        outputs, metrics: As `all_reduce_logs`'s.
+        results: `{key: (metric, entry)}`: top-level outputs known to be a
+            metric's result (`entry` names an item of a result that is a
+            dict, else `None`), reduced from the metric's state.
+        fraction: This replica's fraction of the global batch, in a step of
+            the user's own: an untyped float value is weighed by it and
+            summed (a mean over the replica's examples becomes the global
+            batch's mean; a replica without examples adds nothing) rather
+            than averaged over replicas.
+    """
     batch = _SumBatch()
     replicas = num_replicas()
     one_replica = replicas == 1
+    results = results or {}
 
     def plan(value):
         """Returns `finish(sums) -> value` for one leaf."""
@@ -120,13 +144,16 @@ def all_reduce_logs(outputs, metrics=()):
             return lambda sums: type(value)(part(sums) for part in parts)
         if one_replica:
             return lambda sums: value
+        value = tf.convert_to_tensor(value)
+        if fraction is not None and value.dtype.is_floating:
+            return batch.add(weighed_by_fraction(value, fraction))
         total = batch.add(value)
         return lambda sums: total(sums) / replicas
 
-    if one_replica or not metrics or not isinstance(outputs, dict):
+    if one_replica or not isinstance(outputs, dict) or not (metrics or results):
         finish = plan(outputs)
         return finish(batch.all_reduce())
-    by_name = _metric_results(outputs, metrics, batch)
+    by_name = _metric_results(outputs, metrics, results, batch)
     parts = {
         name: by_name[name] if name in by_name else plan(value)
         for name, value in outputs.items()
@@ -135,37 +162,46 @@ def all_reduce_logs(outputs, metrics=()):
     return {name: part(sums) for name, part in parts.items()}
 
 
-def _metric_results(outputs, metrics, batch):
-    """`{name: finish(sums)}` for the untyped outputs named after metrics."""
+def _metric_results(outputs, metrics, results, batch):
+    """`{key: finish(sums)}` for the untyped outputs that are metric
+    results: recognized (`results`) or named after a metric."""
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
-    central = _topology.of().one_copy
-    finishers = {}
+    entries = {}  # id(metric) -> (metric, {key: entry or None})
+    for key, (metric, entry) in results.items():
+        if key in wanted:
+            entries.setdefault(id(metric), (metric, {}))[1][key] = entry
+    wanted -= set(results)
     for metric in metrics:
         if metric.name in wanted:
-            names = None  # the whole result
+            named = {metric.name: None}  # the whole result
         else:
             local = metric.result()  # a dict names the results it holds
-            names = set(local) & wanted if isinstance(local, dict) else set()
-            if not names:
-                continue
-        if central:
-            # One copy of each variable, updated with every replica's part.
-            result = _cached(lambda sums, metric=metric: metric.result())
-        else:
-            state = [batch.add(variable.value) for variable in metric.variables]
-            result = _cached(
-                lambda sums, metric=metric, state=state: metric.stateless_result(
-                    [part(sums) for part in state]
-                )
+            keys = set(local) & wanted if isinstance(local, dict) else set()
+            named = {key: key for key in keys}
+        if named:
+            entries.setdefault(id(metric), (metric, {}))[1].update(named)
+            wanted -= set(named)
+    central = _topology.of().one_copy
+    finishers = {}
+    for metric, keys in entries.values():
+        result = _state_result(metric, batch, central)
+        for key, entry in keys.items():
+            finishers[key] = (
+                result
+                if entry is None
+                else lambda sums, entry=entry, result=result: result(sums)[entry]
             )
-        if names is None:
-            finishers[metric.name] = result
-            wanted.discard(metric.name)
-            continue
-        for name in names:
-            finishers[name] = lambda sums, name=name, result=result: result(sums)[name]
-        wanted -= names
     return finishers
+
+
+def _state_result(metric, batch, central):
+    """`finish(sums)`: `metric`'s result from its state summed across
+    replicas."""
+    if central:
+        # One copy of each variable, updated with every replica's part.
+        return _cached(lambda sums: metric.result())
+    state = [batch.add(variable.value) for variable in metric.variables]
+    return _cached(lambda sums: metric.stateless_result([part(sums) for part in state]))
 
 
 def _cached(function):

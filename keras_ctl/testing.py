@@ -22,6 +22,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_ctl._own_code import is_users_own
+
 __all__ = ["assert_replica_invariant", "known_to_differ"]
 
 
@@ -228,9 +230,7 @@ def _table(failures, atol):
     return "\n".join(lines)
 
 
-def known_to_differ(
-    model: keras.Model, batch: Any = None
-) -> list[tuple[str, str]]:
+def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, str]]:
     """The parts of `model` known to train differently on R replicas than
     on one device, each with what to do: `[(where, why and what to do)]`.
 
@@ -278,7 +278,7 @@ def known_to_differ(
         if model._compute_loss_over == "global_batch":
             methods.remove("compute_loss")  # it computes one device's loss
         for method in methods:
-            if _users_own(type(model), method):
+            if is_users_own(type(model), method):
                 why = _OWN_LOSS if method == "compute_loss" else _OWN_CODE
                 if method == "compute_loss" and batch is not None:
                     why = _measured_loss(model, batch) or why
@@ -305,23 +305,11 @@ _OWN_LOSS = (
     "batch: means over the batch, Keras `Loss` objects, "
     "`super().compute_loss` and `self.losses` are one device's. A sum over "
     "examples (`ops.sum` of per-example losses) is not: use a Keras `Loss` "
-    "with `reduction=\"sum\"`. A statistic coupling the batch's examples "
+    'with `reduction="sum"`. A statistic coupling the batch\'s examples '
     "(in-batch negatives, a count of positives) covers only the replica's. "
-    "Compiled with `compute_loss_over=\"global_batch\"`, it sees the "
+    'Compiled with `compute_loss_over="global_batch"`, it sees the '
     "global batch and both are one device's."
 )
-
-
-def _users_own(model_class, method):
-    """Whether `model_class.method` is the user's (keras_ctl's own
-    subclasses, `GAN`, are exact)."""
-    from keras_ctl.model import CTLModel
-
-    function = getattr(model_class, method)
-    return (
-        function is not getattr(CTLModel, method)
-        and function.__module__.split(".")[0] != "keras_ctl"
-    )
 
 
 def _measured_loss(model, batch):

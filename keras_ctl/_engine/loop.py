@@ -42,6 +42,7 @@ from keras_ctl import _preemption
 from keras_ctl import _topology
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import errors
+from keras_ctl._engine import own_step
 from keras_ctl._keras.iterators import DeferredIterator
 from keras_ctl._keras.iterators import next_batch
 from keras_ctl._keras.iterators import opened
@@ -63,6 +64,8 @@ class StepParts(NamedTuple):
         builds_on_first_use: Returns whether the first step creates
             variables (optimizers, compiled loss or metrics built on first
             use), so it must run eagerly under several replicas.
+        reads_as_one_device: Whether the step is the user's own, read as
+            one device's code (`own_step`).
     """
 
     strategy: tf.distribute.Strategy
@@ -70,6 +73,7 @@ class StepParts(NamedTuple):
     optimizers: Callable[[], list]
     metrics: Callable[[], list]
     builds_on_first_use: Callable[[], bool]
+    reads_as_one_device: bool = False
 
 
 def make_step_function(parts, step, plan, training=False):
@@ -99,10 +103,20 @@ def make_step_function(parts, step, plan, training=False):
     # Whether the step runs eagerly in place of its traced function (the
     # first step, when it builds state).
     for_trace = [False]
+    # The logged values that are metric results, noted as the step is
+    # traced: `{key: (metric, entry)}`.
+    results = {}
 
     def replica_step(data):
+        data = _optionals_to_none(data)
         with _keras.replica_step(written, stands_for_trace=for_trace[0]):
-            return step(_optionals_to_none(data))
+            with _keras.results_noted(parts.metrics()) as noted:
+                if parts.reads_as_one_device:
+                    outputs = own_step.run_as_one_device(step, data)
+                else:
+                    outputs = step(data)
+            results.update(_keras.metric_results_among(outputs, noted))
+            return outputs
 
     @tf.autograph.experimental.do_not_convert
     def run_step(data):
@@ -122,13 +136,14 @@ def make_step_function(parts, step, plan, training=False):
     def replica_logs(outputs):
         # The logs' collective comes after the updates' (collective order
         # must be the same on every replica).
+        outputs, fraction = own_step.logs_and_fraction(outputs)
         if notice is not None and isinstance(outputs, dict):
             shared = outputs_module.ReplicaSum(notice.read_value())
             outputs = {**outputs, _preemption.NOTICE_LOG: shared}
         updates_done = [tf.identity(o.iterations) for o in parts.optimizers()]
         with tf.control_dependencies(updates_done):
             updated = _keras.updated_metrics(parts.metrics(), written)
-            return outputs_module.all_reduce_logs(outputs, updated)
+            return outputs_module.reduce_step_logs(outputs, updated, results, fraction)
 
     @tf.autograph.experimental.do_not_convert
     def reduce_logs(outputs):

@@ -16,7 +16,8 @@ range.
 
 Modules: `names` (private lookups), `access` (plain accessors), `models`
 (building from shapes, pickling, registration), `optimizers`, `losses`,
-`layers`, `variables` (the replaced behaviours, by what they change),
+`layers`, `variables`, `metrics` (the replaced behaviours, by what they
+change; `metrics` also notes which logged values are metric results),
 `state` (the replica step's thread record), `replacements` (the table,
 `in_effect` and `replica_step`), `iterators` (distributed iterators
 opened on first use, counting the batches they have left).
@@ -42,6 +43,8 @@ from keras_ctl._keras.access import user_loss
 from keras_ctl._keras.losses import LossParts
 from keras_ctl._keras.losses import examples_of_batch
 from keras_ctl._keras.losses import rows_of_global_batch
+from keras_ctl._keras.metrics import metric_results_among
+from keras_ctl._keras.metrics import results_noted
 from keras_ctl._keras.models import SymbolicBuildFromFirstReplica
 from keras_ctl._keras.models import build_from_spec
 from keras_ctl._keras.models import reduce_as_saved_model
@@ -102,6 +105,7 @@ __all__ = [
     "keras_accumulators",
     "loss_parts",
     "loss_tracker",
+    "metric_results_among",
     "micro_batch_iterations",
     "names",
     "one_update_of_accumulated_steps",
@@ -112,6 +116,7 @@ __all__ = [
     "register_under_name",
     "replaced",
     "replica_step",
+    "results_noted",
     "rows_of_global_batch",
     "set_initial_epoch",
     "strategy_created_under",

@@ -1,4 +1,8 @@
-"""Trackers inside a `compute_loss` of the user's own."""
+"""Metrics inside a step: trackers in code of the user's own, and which
+logged values are metric results."""
+
+import contextlib
+import threading
 
 import keras
 import tensorflow as tf
@@ -42,6 +46,9 @@ def weighed_by_batch(original):
             and _one_value(values)
         ):
             sample_weight = tf.cast(fraction, self.dtype)
+            # A replica without examples adds nothing, not its 0/0's NaN.
+            values = tf.cast(values, self.dtype)
+            values = tf.where(sample_weight > 0, values, tf.zeros_like(values))
         return original(self, values, sample_weight=sample_weight)
 
     return update_state
@@ -60,3 +67,71 @@ def _static_batch_size_of_compiled_loss(sample_weight):
 def _one_value(values):
     shape = tf.convert_to_tensor(values).shape
     return shape.is_fully_defined() and shape.num_elements() == 1
+
+
+_noting = threading.Lock()
+# While a step runs: the metrics whose `result` is wrapped, how many
+# replica steps are inside `results_noted`, and the results noted.
+_noted = {"metrics": [], "users": 0, "results": {}}
+
+
+@contextlib.contextmanager
+def results_noted(metrics):
+    """Within it, each of `metrics` notes the tensors its `result()`
+    returns; yields `{id(tensor): (tensor, metric, key)}`, `key` naming the
+    entry of a result that is a dict (else `None`).
+
+    A step of one's own may log a metric's result under any key
+    (`{"p_acc": self.probe.result()}`): so the logs recognize it by what it
+    is, and reduce it from the metric's state summed across replicas. The
+    wrapper is an attribute of each metric instance, there only while
+    steps run (replica threads share the metrics, and take turns: the
+    first to enter puts the wrappers in place, the last to leave removes
+    them), never of a Keras class.
+    """
+    with _noting:
+        if _noted["users"] == 0:
+            _noted["results"] = {}
+            _noted["metrics"] = [m for m in metrics if "result" not in vars(m)]
+            for metric in _noted["metrics"]:
+                object.__setattr__(metric, "result", _noting_result(metric))
+        _noted["users"] += 1
+        results = _noted["results"]
+    try:
+        yield results
+    finally:
+        with _noting:
+            _noted["users"] -= 1
+            if _noted["users"] == 0:
+                for metric in _noted["metrics"]:
+                    object.__delattr__(metric, "result")
+                _noted["metrics"] = []
+
+
+def _noting_result(metric):
+    own = type(metric).result
+
+    def result():
+        value = own(metric)
+        results = _noted["results"]
+        if isinstance(value, dict):
+            for key, item in value.items():
+                results[id(item)] = (item, metric, key)
+        else:
+            results[id(value)] = (value, metric, None)
+        return value
+
+    return result
+
+
+def metric_results_among(outputs, noted):
+    """`{key: (metric, entry)}` for the top-level values of `outputs` (a
+    dict) that are metric results noted by `results_noted`."""
+    if not isinstance(outputs, dict):
+        return {}
+    found = {}
+    for key, value in outputs.items():
+        known = noted.get(id(value))
+        if known is not None and known[0] is value:
+            found[key] = known[1:]
+    return found

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.iterators import DeferredDataset
+from keras_ctl._own_code import is_users_own
 
 
 class SymbolicBuildFromFirstReplica:
@@ -108,11 +109,7 @@ def _built_by_its_step(model, error):
 
 def _has_own_step(model):
     """Whether `model` trains or evaluates with a step of the user's own."""
-    return any(
-        getattr(type(model), name) is not getattr(keras.Model, name)
-        and getattr(type(model), name).__module__.split(".")[0] != "keras_ctl"
-        for name in ("train_step", "test_step")
-    )
+    return any(is_users_own(type(model), name) for name in ("train_step", "test_step"))
 
 
 def _callable_model(model):

@@ -10,7 +10,15 @@ PACKAGE = pathlib.Path(keras_ctl.__file__).parent
 LAYERS = [
     (
         "ground",
-        ("_replicas", "_topology", "_checks", "_preemption", "_compat", "_signature"),
+        (
+            "_replicas",
+            "_topology",
+            "_checks",
+            "_preemption",
+            "_compat",
+            "_signature",
+            "_own_code",
+        ),
     ),
     ("seam", ("_keras",)),
     ("typed outputs", ("outputs",)),

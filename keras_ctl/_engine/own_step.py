@@ -1,0 +1,65 @@
+"""A step of the user's own, read as one device's code on each replica's
+part of the batch (a step that names replica arithmetic, such as
+`keras_ctl.global_mean` or `tf.nn.compute_average_loss`, is written in
+shares and runs as written: `_own_code.reads_as_one_device`).
+
+    fraction = this replica's examples / the global batch's   # one collective
+    within read_as_batch_losses(fraction):
+        outputs = the user's step(this replica's part)
+    the gradients it applies are weighed by fraction where they are summed
+    its untyped logs are weighed by fraction where they are reduced
+
+A mean over the replica's examples (`tf.reduce_mean`, `ops.mean`, a masked
+`sum / count`) becomes the global batch's mean, a term that does not depend
+on the batch (a regularizer) counts once, Keras's `Loss` objects, the
+model's `compute_loss` and keras_ctl's `global_mean` keep their one-device
+values and gradients, and a replica without examples weighs exactly 0 (none
+of the NaN its placeholder may give reaches the update or the logs).
+keras_ctl's own steps, called from it (`super().train_step(data)`, the
+`GAN`'s phases), keep their shares as written (`written_in_shares`).
+"""
+
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import read_as_batch_losses
+
+# The log key that carries the replica's fraction from its step to the
+# reduction of the logs (`outputs.reduce_step_logs`), never logged.
+FRACTION_LOG = "_keras_ctl_batch_fraction"
+
+
+def run_as_one_device(step, data):
+    """`step(data)` on this replica, read as one device's code; a dict of
+    logs gains the replica's fraction under `FRACTION_LOG`."""
+    if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
+        return step(data)
+    fraction = fraction_of_global_batch(data)
+    if fraction is None:
+        return step(data)
+    with read_as_batch_losses(fraction):
+        outputs = step(data)
+    if isinstance(outputs, dict):
+        outputs = {**outputs, FRACTION_LOG: fraction}
+    return outputs
+
+
+def fraction_of_global_batch(data):
+    """This replica's examples over the global batch's (float64, exact for
+    any split), or `None` for data without a batch dimension. The examples
+    are the rows of the data's first tensor, whatever its structure."""
+    leaves = [t for t in tree.flatten(data) if tf.is_tensor(t) and t.shape.rank]
+    if not leaves:
+        return None
+    local = tf.cast(tf.shape(leaves[0])[0], tf.float64)
+    return tf.math.divide_no_nan(local, all_reduce_sum(local))
+
+
+def logs_and_fraction(outputs):
+    """`(outputs without FRACTION_LOG, the fraction or None)`."""
+    if not isinstance(outputs, dict) or FRACTION_LOG not in outputs:
+        return outputs, None
+    outputs = dict(outputs)
+    return outputs, outputs.pop(FRACTION_LOG)

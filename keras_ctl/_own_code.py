@@ -1,0 +1,53 @@
+"""Which code of a model is the user's own, and how keras_ctl reads it:
+one answer for the engine, building from the first step, and the parity
+kit."""
+
+import types
+
+# Names of the replica arithmetic of keras_ctl and TensorFlow. A step that
+# uses one of them is written in replica shares, and runs as written.
+REPLICA_ARITHMETIC = frozenset(
+    {
+        "num_replicas",
+        "num_replicas_in_sync",
+        "get_replica_context",
+        "all_reduce",
+        "all_reduce_sum",
+        "all_gather",
+        "row_offset",
+        "global_mean",
+        "scaled_regularization_loss",
+        "minimize",
+        "ReplicaSum",
+        "ExampleMean",
+        "compute_average_loss",
+        "scale_regularization_loss",
+    }
+)
+
+
+def is_users_own(model_class, method):
+    """Whether `model_class.method` (`"train_step"`, `"test_step"`,
+    `"compute_loss"`) is the user's: defined outside Keras and keras_ctl
+    (keras_ctl's `CTLModel` and `GAN` steps are exact as written)."""
+    function = getattr(model_class, method, None)
+    module = getattr(function, "__module__", None) or ""
+    return function is not None and module.split(".")[0] not in ("keras", "keras_ctl")
+
+
+def reads_as_one_device(model_class, method):
+    """Whether the user's own `model_class.method` is read as one device's
+    code (`keras_ctl._engine.own_step`): it is the user's, and names none
+    of `REPLICA_ARITHMETIC` (in its body or in functions defined in it)."""
+    if not is_users_own(model_class, method):
+        return False
+    code = getattr(getattr(model_class, method), "__code__", None)
+    return code is None or not (_names_in(code) & REPLICA_ARITHMETIC)
+
+
+def _names_in(code):
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names_in(constant)
+    return names

@@ -1,0 +1,98 @@
+"""Steps of one's own written for one device (keras.io's way) equal one
+device on several replicas, empty replicas included: read as one device's
+code, each replica's gradients and logs weighed by its part of the global
+batch (`keras_ctl._engine.own_step`); steps written in replica shares run
+as written."""
+
+import json
+
+import children
+import devices
+import keras
+import numpy as np
+import own_steps
+import pytest
+import tensorflow as tf
+
+import keras_ctl
+from keras_ctl._own_code import reads_as_one_device
+
+TOLERANCE = 1e-9  # float64
+FAST = ("raw_means", "singular_layer")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        c if c in FAST else pytest.param(c, marks=pytest.mark.slow)
+        for c in own_steps.CASES
+    ],
+)
+def test_a_step_of_ones_own_equals_one_device_on_2_replicas(case):
+    got = own_steps.run(case, keras_ctl.CTLModel, devices.get("mirrored"))
+    expected = own_steps.run(case, keras.Model, devices.get("default"))
+    assert all(np.isfinite(w).all() for w in got["weights"])
+    assert own_steps.largest_difference(got, expected) <= TOLERANCE
+
+
+@pytest.mark.slow
+def test_steps_of_ones_own_equal_one_device_on_3_replicas(tmp_path):
+    # The last batch (1 example) leaves two of 3 replicas empty.
+    out = tmp_path / "3.json"
+    result = children.run([children.PYTHON, "own_steps_child.py", 3, out], timeout=900)
+    assert result.returncode == 0, children.output(result)
+    found = json.loads(out.read_text())
+    assert set(found) == set(own_steps.CASES)
+    assert max(found.values()) <= TOLERANCE, found
+
+
+def test_a_metric_logged_under_another_key_is_its_exact_result():
+    got = own_steps.run("raw_means", keras_ctl.CTLModel, devices.get("mirrored"))
+    # 8 of 13 right after the first epoch, on one device as here; averaged
+    # over replicas it would not be a multiple of 1/13.
+    p_acc = np.array(got["history"]["p_acc"]) * own_steps.SIZE
+    np.testing.assert_allclose(p_acc, np.round(p_acc), atol=1e-9)
+
+
+class _Shares(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.mean_squared_error(y, self(x))
+            loss = keras_ctl.global_mean(per_example)
+        keras_ctl.minimize(loss, self.trainable_variables, self.optimizer, tape)
+        return {"loss": keras_ctl.ReplicaSum(loss)}
+
+
+class _TensorFlowShares(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            per_example = keras.losses.mean_squared_error(y, self(x))
+
+            def share():
+                return tf.nn.compute_average_loss(per_example)
+
+            loss = share()
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables))
+        return {"loss": loss}
+
+
+class _OneDevice(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(x) - y))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables))
+        return {"loss": loss}
+
+
+def test_which_steps_are_read_as_one_device():
+    assert reads_as_one_device(_OneDevice, "train_step")
+    # Replica arithmetic named in the step, or in a function defined in it.
+    assert not reads_as_one_device(_Shares, "train_step")
+    assert not reads_as_one_device(_TensorFlowShares, "train_step")
+    # keras_ctl's own steps and Keras's are exact as written.
+    assert not reads_as_one_device(keras_ctl.CTLModel, "train_step")
+    assert not reads_as_one_device(keras_ctl.GAN, "train_step")
+    assert not reads_as_one_device(_OneDevice, "test_step")

@@ -1,0 +1,164 @@
+"""Steps of one's own written for one device, the way keras.io writes them:
+local means (`tf.reduce_mean`, `ops.mean`, `sum / count`), a layer
+singular at zero, a metric logged under another key, two tapes and two
+optimizers, Keras `Loss` objects mixed with raw terms, and a `test_step`.
+Each builds on `base` (`keras.Model` for the one-device reference) and
+trains in float64 on 13 examples in batches of 4: the last batch leaves a
+replica empty on 2 replicas and two on 3.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+SIZE, BATCH, EPOCHS = 13, 4, 2
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(SIZE, 4))
+    y = rng.integers(0, 3, size=(SIZE,))
+    return x, y
+
+
+class LogSquare(keras.layers.Layer):
+    """`log(x^2)`: singular at 0 (MelGAN's dB spectrogram), finite on the data."""
+
+    def call(self, x):
+        return ops.log(ops.square(x))
+
+
+def _network(singular=False, regularized=False):
+    inputs = keras.Input((4,))
+    h = LogSquare()(inputs) if singular else inputs
+    regularizer = keras.regularizers.l2(1e-2) if regularized else None
+    h = keras.layers.Dense(
+        5,
+        activation="tanh",
+        kernel_regularizer=regularizer,
+        kernel_initializer=keras.initializers.GlorotUniform(seed=1),
+        name="body",
+    )(h)
+    outputs = keras.layers.Dense(
+        3, kernel_initializer=keras.initializers.GlorotUniform(seed=2), name="head"
+    )(h)
+    return inputs, outputs
+
+
+def _crossentropy(y, logits):
+    return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+
+def model_class(base, case):
+    """`base` with the step of `case`."""
+
+    class OwnStep(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.probe = keras.metrics.SparseCategoricalAccuracy(name="probe")
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker, self.probe]
+
+        def losses_of(self, x, y, training):
+            logits = self(x, training=training)
+            if case == "keras_loss_objects":
+                loss = self.loss_fn(y, logits) + 0.1 * ops.mean(ops.abs(logits))
+            elif case == "sum_over_count":
+                per_example = _crossentropy(y, logits)
+                loss = ops.sum(per_example) / ops.cast(ops.shape(y)[0], "float64")
+            else:
+                loss = tf.reduce_mean(_crossentropy(y, logits))
+            if self.losses:
+                loss = loss + ops.sum(self.losses)
+            return logits, loss
+
+        def train_step(self, data):
+            x, y = data
+            if case == "two_optimizers":
+                return self.two_optimizers_step(x, y)
+            with tf.GradientTape() as tape:
+                logits, loss = self.losses_of(x, y, training=True)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            self.loss_tracker.update_state(loss)
+            self.probe.update_state(y, logits)
+            return {
+                "loss": self.loss_tracker.result(),
+                "p_acc": self.probe.result(),  # another key than its name
+                "batch_loss": loss,
+            }
+
+        def two_optimizers_step(self, x, y):
+            body = self.get_layer("body").trainable_variables
+            head = self.get_layer("head").trainable_variables
+            with tf.GradientTape(persistent=True) as tape:
+                logits, loss = self.losses_of(x, y, training=True)
+                head_loss = ops.mean(ops.square(logits))
+                head_total = loss + 0.01 * head_loss
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, body), body))
+            self.head_optimizer.apply(tape.gradient(head_total, head), head)
+            self.loss_tracker.update_state(loss)
+            return {"loss": self.loss_tracker.result(), "head_loss": head_loss}
+
+        def test_step(self, data):
+            x, y = data
+            logits, loss = self.losses_of(x, y, training=False)
+            self.probe.update_state(y, logits)
+            return {"p_acc": self.probe.result(), "batch_loss": loss}
+
+    return OwnStep
+
+
+CASES = (
+    "raw_means",
+    "sum_over_count",
+    "singular_layer",
+    "regularized",
+    "keras_loss_objects",
+    "two_optimizers",
+)
+
+
+def run(case, base, strategy):
+    """Trains `case` and returns its weights, history and evaluation."""
+    keras.config.set_floatx("float64")
+    try:
+        keras.utils.set_random_seed(0)
+        x, y = data()
+        with strategy.scope():
+            inputs, outputs = _network(
+                singular=case == "singular_layer", regularized=case == "regularized"
+            )
+            model = model_class(base, case)(inputs, outputs)
+            model.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+            model.head_optimizer = keras.optimizers.Adam(0.01)
+            model.compile(optimizer=keras.optimizers.SGD(0.1))
+        history = model.fit(
+            x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+        )
+        evaluation = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+        return {
+            "weights": [w.tolist() for w in model.get_weights()],
+            "history": {k: list(map(float, v)) for k, v in history.history.items()},
+            "evaluation": {k: float(v) for k, v in evaluation.items()},
+        }
+    finally:
+        keras.config.set_floatx("float32")
+
+
+def largest_difference(got, expected):
+    """The largest absolute difference between two `run` results, every
+    weight, logged value and evaluation included."""
+    assert got["history"].keys() == expected["history"].keys()
+    assert got["evaluation"].keys() == expected["evaluation"].keys()
+    pairs = list(zip(got["weights"], expected["weights"]))
+    pairs += [(got["history"][k], expected["history"][k]) for k in expected["history"]]
+    pairs += [
+        (got["evaluation"][k], expected["evaluation"][k])
+        for k in expected["evaluation"]
+    ]
+    return max(float(np.max(np.abs(np.subtract(a, b)))) for a, b in pairs)
