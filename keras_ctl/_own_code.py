@@ -31,18 +31,35 @@ def is_users_own(model_class, method):
     `"compute_loss"`) is the user's: defined outside Keras and keras_ctl
     (keras_ctl's `CTLModel` and `GAN` steps are exact as written)."""
     function = getattr(model_class, method, None)
+    return function is not None and is_users_function(function)
+
+
+def is_users_function(function):
+    """Whether `function` (a `tf.function`'s Python function included) is
+    defined outside Keras, TensorFlow and keras_ctl."""
+    function = getattr(function, "python_function", function)
     module = getattr(function, "__module__", None) or ""
-    return function is not None and module.split(".")[0] not in ("keras", "keras_ctl")
+    return module.split(".")[0] not in ("keras", "keras_ctl", "tensorflow")
 
 
 def reads_as_one_device(model_class, method):
     """Whether the user's own `model_class.method` is read as one device's
     code (`keras_ctl._engine.own_step`): it is the user's, and names none
-    of `REPLICA_ARITHMETIC` (in its body or in functions defined in it)."""
-    if not is_users_own(model_class, method):
-        return False
-    code = getattr(getattr(model_class, method), "__code__", None)
-    return code is None or not (_names_in(code) & REPLICA_ARITHMETIC)
+    of `REPLICA_ARITHMETIC`."""
+    return is_users_own(model_class, method) and not replica_arithmetic_named(
+        model_class, method
+    )
+
+
+def replica_arithmetic_named(model_class, method):
+    """The names of `REPLICA_ARITHMETIC` that `model_class.method` uses, in
+    its body or in functions defined in it, sorted."""
+    function = getattr(model_class, method, None)
+    function = getattr(function, "python_function", function)  # a tf.function
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return []
+    return sorted(_names_in(code) & REPLICA_ARITHMETIC)
 
 
 def _names_in(code):

@@ -23,6 +23,7 @@ import keras
 import numpy as np
 
 from keras_ctl._own_code import is_users_own
+from keras_ctl._own_code import replica_arithmetic_named
 
 __all__ = ["assert_replica_invariant", "known_to_differ"]
 
@@ -279,10 +280,9 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
             methods.remove("compute_loss")  # it computes one device's loss
         for method in methods:
             if is_users_own(type(model), method):
-                why = _OWN_LOSS if method == "compute_loss" else _OWN_CODE
-                if method == "compute_loss" and batch is not None:
-                    why = _measured_loss(model, batch) or why
-                found.append((f"{type(model).__name__}.{method}", why))
+                found.append(
+                    (f"{type(model).__name__}.{method}", _own(model, method, batch))
+                )
     for layer in _keras.all_layers(model):
         why = _layer_difference(layer)
         if why:
@@ -290,13 +290,39 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     return found
 
 
-_OWN_CODE = (
-    "code of your own: a mean over this replica's examples (`ops.mean`, "
+def _own(model, method, batch):
+    """Why the user's own `method` of `model` may differ, and what to do."""
+    if method == "compute_loss":
+        measured = _measured_loss(model, batch) if batch is not None else None
+        return measured or _OWN_LOSS
+    named = replica_arithmetic_named(type(model), method)
+    if named:
+        shown = ", ".join(f"`{name}`" for name in named)
+        return (
+            f"a step of your own written in replica shares (it names {shown}), "
+            + _SHARES
+        )
+    return _OWN_STEP
+
+
+_OWN_STEP = (
+    "a step of your own is read as one device's code on each replica's "
+    "part of the batch, weighed by that part: means over the batch, Keras "
+    "`Loss` objects, `self.compute_loss`, `self.losses` and metrics are one "
+    "device's. A sum over examples, or a statistic coupling the batch's "
+    "examples (in-batch negatives, a masked mean over a count of entries), "
+    "covers the replica's part only: use `keras_ctl.global_mean` with "
+    "weights, or gather the rows with `keras_ctl.all_gather`."
+)
+
+_SHARES = (
+    "runs as written: a mean over this replica's examples (`ops.mean`, "
     "`tf.reduce_mean`) is not one device's mean. Use Keras `Loss` objects, "
     "`self.compute_loss(...)` or `keras_ctl.global_mean`; log values with "
     "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics. A loss coupling "
     "the batch's examples (in-batch negatives, a batch statistic) sees the "
-    "replica's only: gather them with `keras_ctl.all_gather`."
+    "replica's only: gather them with `keras_ctl.all_gather`. Without the "
+    "replica arithmetic, the step is read as one device's code."
 )
 
 _OWN_LOSS = (

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import keras
 
+from keras_ctl._keras import functions
 from keras_ctl._keras import layers
 from keras_ctl._keras import losses
 from keras_ctl._keras import metrics
@@ -53,6 +54,12 @@ def _tf_variable():
 
 def _tf_optimizer():
     return names.member("keras.src.backend.tensorflow.optimizer", "TFOptimizer")
+
+
+def _tf_function():
+    return names.member(
+        "tensorflow.python.eager.polymorphic_function.polymorphic_function", "Function"
+    )
 
 
 def _base_optimizer():
@@ -108,6 +115,14 @@ REPLACEMENTS = (
         layers.layers_of_empty_batches,
         "a step of one's own calls its layers on an empty replica batch; "
         "no call context reaches every layer it calls",
+    ),
+    Replacement(
+        _tf_function,
+        "__call__",
+        functions.inlined_in_replica_steps,
+        "TensorFlow refuses a collective in a `tf.function` nested in a "
+        "replica step (a `train_step` decorated with `@tf.function`), and "
+        "no option of `tf.function` inlines it",
     ),
     Replacement(
         _base_optimizer,

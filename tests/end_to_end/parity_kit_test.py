@@ -36,7 +36,8 @@ def build_exact():
 
 
 class LocalMean(keras_ctl.CTLModel):
-    """The tutorial's mistake: each replica's mean over its own examples."""
+    """The tutorial's mistake, in replica shares: each replica's mean over
+    its own examples, over the replica count."""
 
     def train_step(self, data):
         x, y = data
@@ -87,7 +88,8 @@ def test_a_local_mean_fails_with_a_table():
     )
     assert float(row.rstrip(" |").rsplit("|", 1)[1]) > 1e-5
     # What is known to differ, and what to do.
-    assert "- LocalMean.train_step: code of your own" in message
+    assert "- LocalMean.train_step: a step of your own in replica shares" in message
+    assert "(it names `ReplicaSum`, `num_replicas`)" in message
     assert "keras_ctl.global_mean" in message
 
 

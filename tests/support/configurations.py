@@ -481,8 +481,6 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
                 return True, {}
             raise
         return False, "trained instead of refusing gradient_accumulation_steps"
-    if known == "sparse gradients":
-        return True, {}
     if expected is None:
         expected = run(config, keras.Model, floatx=floatx)
     actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
@@ -493,10 +491,7 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
 def known_limit(config, replicas):
     """A documented limit of CTLModel on `replicas` replicas for `config`,
     or `None`; with several replicas and a `train_step` of one's own:
-
-    - "refused": `gradient_accumulation_steps` (a clear `ValueError`);
-    - "sparse gradients": keras.io steps applying embedding gradients
-      (`IndexedSlices`), the subject of the users'-steps issue.
+    "refused", for `gradient_accumulation_steps` (a clear `ValueError`).
     """
     if replicas == 1:
         return None
@@ -505,8 +500,6 @@ def known_limit(config, replicas):
         return None
     if config["options"].get("gradient_accumulation_steps"):
         return "refused"
-    if override == "keras_io_steps" and config["kind"] == "masked_embedding":
-        return "sparse gradients"
     return None
 
 

@@ -1,7 +1,9 @@
 """Steps of one's own written for one device, the way keras.io writes them:
 local means (`tf.reduce_mean`, `ops.mean`, `sum / count`), a layer
 singular at zero, a metric logged under another key, two tapes and two
-optimizers, Keras `Loss` objects mixed with raw terms, and a `test_step`.
+optimizers, a `train_step` decorated with `tf.function` and an optimizer per
+layer, Adam's sparse update of an embedding, Keras `Loss` objects mixed
+with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
 replica empty on 2 replicas and two on 3.
@@ -29,10 +31,15 @@ class LogSquare(keras.layers.Layer):
         return ops.log(ops.square(x))
 
 
-def _network(singular=False, regularized=False):
-    inputs = keras.Input((4,))
-    h = LogSquare()(inputs) if singular else inputs
-    regularizer = keras.regularizers.l2(1e-2) if regularized else None
+def _network(case):
+    if case == "sparse_adam":
+        inputs = keras.Input((4,), dtype="int32")
+        h = keras.layers.Embedding(20, 3, name="embedding")(inputs)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    else:
+        inputs = keras.Input((4,))
+        h = LogSquare()(inputs) if case == "singular_layer" else inputs
+    regularizer = keras.regularizers.l2(1e-2) if case == "regularized" else None
     h = keras.layers.Dense(
         5,
         activation="tanh",
@@ -110,7 +117,25 @@ def model_class(base, case):
             self.probe.update_state(y, logits)
             return {"p_acc": self.probe.result(), "batch_loss": loss}
 
-    return OwnStep
+    if case != "tf_function":
+        return OwnStep
+
+    class DecoratedStep(OwnStep):
+        """A `train_step` decorated with its own `tf.function`, one optimizer
+        per layer applied inside it."""
+
+        @tf.function
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape(persistent=True) as tape:
+                logits, loss = self.losses_of(x, y, training=True)
+            for name, optimizer in self.optimizer_of_layer.items():
+                variables = self.get_layer(name).trainable_variables
+                optimizer.apply(tape.gradient(loss, variables), variables)
+            self.loss_tracker.update_state(loss)
+            return {"loss": self.loss_tracker.result()}
+
+    return DecoratedStep
 
 
 CASES = (
@@ -120,6 +145,8 @@ CASES = (
     "regularized",
     "keras_loss_objects",
     "two_optimizers",
+    "tf_function",
+    "sparse_adam",
 )
 
 
@@ -129,14 +156,20 @@ def run(case, base, strategy):
     try:
         keras.utils.set_random_seed(0)
         x, y = data()
+        if case == "sparse_adam":
+            x = (np.abs(x) * 7).astype("int32") % 20  # token ids
         with strategy.scope():
-            inputs, outputs = _network(
-                singular=case == "singular_layer", regularized=case == "regularized"
-            )
+            inputs, outputs = _network(case)
             model = model_class(base, case)(inputs, outputs)
             model.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
             model.head_optimizer = keras.optimizers.Adam(0.01)
-            model.compile(optimizer=keras.optimizers.SGD(0.1))
+            model.optimizer_of_layer = {
+                "body": keras.optimizers.SGD(0.1),
+                "head": keras.optimizers.Adam(0.01),
+            }
+            # Adam's sparse update of embedding rows (`IndexedSlices`).
+            sparse = case == "sparse_adam"
+            model.compile(optimizer="adam" if sparse else keras.optimizers.SGD(0.1))
         history = model.fit(
             x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
         )

@@ -57,6 +57,20 @@ def test_a_plain_keras_model_and_a_step_of_ones_own_are_named():
     assert _explained([]) == ""
 
 
+class SharesStep(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        return {"loss": keras_ctl.ReplicaSum(keras_ctl.global_mean(y - self(x)))}
+
+
+def test_a_step_in_replica_shares_is_named_with_what_it_names():
+    inputs = keras.Input((4,))
+    own = known_to_differ(SharesStep(inputs, keras.layers.Dense(2)(inputs)))
+    assert [where for where, _ in own] == ["SharesStep.train_step"]
+    assert "in replica shares (it names `ReplicaSum`, `global_mean`)" in own[0][1]
+    assert "read as one device's code" in own[0][1]
+
+
 class SumOfLosses(keras_ctl.CTLModel):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
                      training=True):
