@@ -8,6 +8,7 @@ import json
 
 import children
 import devices
+import generated_steps
 import keras
 import numpy as np
 import own_steps
@@ -32,7 +33,7 @@ def test_a_step_of_ones_own_equals_one_device_on_2_replicas(case):
     got = own_steps.run(case, keras_ctl.CTLModel, devices.get("mirrored"))
     expected = own_steps.run(case, keras.Model, devices.get("default"))
     assert all(np.isfinite(w).all() for w in got["weights"])
-    assert own_steps.largest_difference(got, expected) <= TOLERANCE
+    assert generated_steps.largest_difference(got, expected) <= TOLERANCE
 
 
 @pytest.mark.slow

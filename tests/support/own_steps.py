@@ -181,17 +181,3 @@ def run(case, base, strategy):
         }
     finally:
         keras.config.set_floatx("float32")
-
-
-def largest_difference(got, expected):
-    """The largest absolute difference between two `run` results, every
-    weight, logged value and evaluation included."""
-    assert got["history"].keys() == expected["history"].keys()
-    assert got["evaluation"].keys() == expected["evaluation"].keys()
-    pairs = list(zip(got["weights"], expected["weights"]))
-    pairs += [(got["history"][k], expected["history"][k]) for k in expected["history"]]
-    pairs += [
-        (got["evaluation"][k], expected["evaluation"][k])
-        for k in expected["evaluation"]
-    ]
-    return max(float(np.max(np.abs(np.subtract(a, b)))) for a, b in pairs)

@@ -12,6 +12,7 @@ import devices
 replicas, output_path = int(sys.argv[1]), sys.argv[2]
 devices.configure_logical_cpus(replicas)
 
+import generated_steps  # noqa: E402
 import keras  # noqa: E402
 import own_steps  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -21,7 +22,7 @@ import keras_ctl  # noqa: E402
 strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
 one_device = tf.distribute.get_strategy()
 found = {
-    case: own_steps.largest_difference(
+    case: generated_steps.largest_difference(
         own_steps.run(case, keras_ctl.CTLModel, strategy),
         own_steps.run(case, keras.Model, one_device),
     )
