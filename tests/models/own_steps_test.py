@@ -97,3 +97,44 @@ def test_which_steps_are_read_as_one_device():
     assert not reads_as_one_device(keras_ctl.CTLModel, "train_step")
     assert not reads_as_one_device(keras_ctl.GAN, "train_step")
     assert not reads_as_one_device(_OneDevice, "test_step")
+
+
+def _bfloat16_run(base, strategy, own):
+    class OwnStep(base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = tf.cast(self(x, training=True), "float32")
+                loss = tf.reduce_mean(tf.square(y_pred - y))
+            variables = self.trainable_variables
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            return {"loss": loss}
+
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(1)
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(13, 3)).astype("float32")
+        y = rng.normal(size=(13, 1)).astype("float32")
+        with strategy.scope():
+            inputs = keras.Input((3,))
+            hidden = keras.layers.Dense(4, activation="tanh")(inputs)
+            model = (OwnStep if own else base)(inputs, keras.layers.Dense(1)(hidden))
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=True
+            )
+        model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("own", [False, True], ids=["default_step", "own_step"])
+def test_mixed_bfloat16_with_xla_on_2_replicas_is_one_device_to_its_round_off(own):
+    got = _bfloat16_run(keras_ctl.CTLModel, devices.get("mirrored"), own)
+    expected = _bfloat16_run(keras.Model, devices.get("default"), own)
+    # bfloat16 keeps 8 bits of mantissa: 2**-8 = 3.9e-3 relative.
+    for g, e in zip(got, expected):
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, e, atol=2e-3, rtol=0)

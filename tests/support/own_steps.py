@@ -2,7 +2,7 @@
 local means (`tf.reduce_mean`, `ops.mean`, `sum / count`), a layer
 singular at zero, a metric logged under another key, two tapes and two
 optimizers, a `train_step` decorated with `tf.function` and an optimizer per
-layer, Adam's sparse update of an embedding, Keras `Loss` objects mixed
+layer, Adam's sparse update of an embedding, `keras.remat`, Keras `Loss` objects mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -31,6 +31,26 @@ class LogSquare(keras.layers.Layer):
         return ops.log(ops.square(x))
 
 
+class Rematerialized(keras.layers.Layer):
+    """Two dense layers whose activations `keras.remat` recomputes in the
+    backward pass."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.first = keras.layers.Dense(
+            4, activation="tanh", kernel_initializer=keras.initializers.Orthogonal(3)
+        )
+        self.second = keras.layers.Dense(
+            4, activation="tanh", kernel_initializer=keras.initializers.Orthogonal(4)
+        )
+
+    def call(self, x):
+        return keras.remat(lambda t: self.second(self.first(t)))(x)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], 4)
+
+
 def _network(case):
     if case == "sparse_adam":
         inputs = keras.Input((4,), dtype="int32")
@@ -39,6 +59,7 @@ def _network(case):
     else:
         inputs = keras.Input((4,))
         h = LogSquare()(inputs) if case == "singular_layer" else inputs
+        h = Rematerialized()(h) if case == "remat" else h
     regularizer = keras.regularizers.l2(1e-2) if case == "regularized" else None
     h = keras.layers.Dense(
         5,
@@ -147,6 +168,7 @@ CASES = (
     "two_optimizers",
     "tf_function",
     "sparse_adam",
+    "remat",
 )
 
 
