@@ -283,7 +283,15 @@ def make_step_function(parts, step, plan, training=False):
                     counts[count] = tf.constant(count)
                 run = functools.partial(counted, count=counts[count])
             first_call[0] = False
-            logs = _explaining_errors(run, iterator)
+            try:
+                logs = _explaining_errors(run, iterator)
+            except Exception as error:
+                if not _needs_eager_step(error):
+                    raise
+                # State the step creates on first use (the seed generators
+                # of unseeded draws): created by this call, run eagerly.
+                eager = _standing_for_trace(eager_checked, for_trace)
+                logs = _explaining_errors(eager, iterator)
             if count is not None:
                 deferred.took(count)
             return _preemption.after_step(logs)
@@ -317,6 +325,16 @@ def _standing_for_trace(function, flag):
             flag[0] = False
 
     return run
+
+
+def _needs_eager_step(error):
+    """Whether `error` (or an error it was raised from: AutoGraph wraps what
+    a converted function raises) is `_keras.NeedsEagerStep`."""
+    while error is not None:
+        if isinstance(error, _keras.NeedsEagerStep):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _explaining_errors(function, argument):

@@ -57,6 +57,7 @@ from keras_ctl._keras.optimizers import count_micro_batch
 from keras_ctl._keras.optimizers import keras_accumulators
 from keras_ctl._keras.optimizers import micro_batch_iterations
 from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
+from keras_ctl._keras.random import NeedsEagerStep
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
@@ -84,6 +85,7 @@ __all__ = [
     "Functional",
     "KerasInternalMissing",
     "LossParts",
+    "NeedsEagerStep",
     "RAN_OUT_OF_DATA",
     "REPLACEMENTS",
     "SymbolicBuildFromFirstReplica",

@@ -27,6 +27,7 @@ from keras_ctl._keras import losses
 from keras_ctl._keras import metrics
 from keras_ctl._keras import names
 from keras_ctl._keras import optimizers
+from keras_ctl._keras import random
 from keras_ctl._keras import variables
 from keras_ctl._keras.state import _in_step
 
@@ -115,6 +116,13 @@ REPLACEMENTS = (
         layers.layers_of_empty_batches,
         "a step of one's own calls its layers on an empty replica batch; "
         "no call context reaches every layer it calls",
+    ),
+    Replacement(
+        lambda: names.module("keras.src.random.seed_generator"),
+        "global_seed_generator",
+        random.per_replica_generators,
+        "Keras keeps one global seed generator per thread, created on first "
+        "use: each replica thread would create its own inside the trace",
     ),
     Replacement(
         _tf_function,

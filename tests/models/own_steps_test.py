@@ -138,3 +138,52 @@ def test_mixed_bfloat16_with_xla_on_2_replicas_is_one_device_to_its_round_off(ow
     for g, e in zip(got, expected):
         assert np.isfinite(g).all()
         np.testing.assert_allclose(g, e, atol=2e-3, rtol=0)
+
+
+def _noisy_run(base, strategy, scale):
+    """A step of one's own adding unseeded `keras.random.normal` noise."""
+
+    class Noisy(base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                y_pred += scale * keras.random.normal(tf.shape(y_pred), dtype="float64")
+                loss = tf.reduce_mean(tf.square(y_pred - y))
+            variables = self.trainable_variables
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            return {"loss": loss}
+
+    keras.config.set_floatx("float64")
+    try:
+        keras.utils.set_random_seed(1)
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(13, 3)), rng.normal(size=(13, 1))
+        with strategy.scope():
+            inputs = keras.Input((3,))
+            model = Noisy(inputs, keras.layers.Dense(1)(inputs))
+            model.compile(optimizer=keras.optimizers.SGD(0.1))
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights(), history.history["loss"]
+    finally:
+        keras.config.set_floatx("float32")
+
+
+@pytest.mark.slow
+def test_unseeded_random_draws_in_a_step_of_ones_own_train_on_2_replicas():
+    from keras.src.backend.common import global_state
+
+    keras_generator = global_state.get_global_attribute("global_seed_generator")
+    mirrored = devices.get("mirrored")
+    # Each replica thread draws from a generator of its own, created in one
+    # eager step (Keras's per-thread global generator failed in the trace).
+    quiet, quiet_loss = _noisy_run(keras_ctl.CTLModel, mirrored, 0.0)
+    expected, expected_loss = _noisy_run(keras.Model, devices.get("default"), 0.0)
+    for got, want in zip(quiet, expected):
+        np.testing.assert_allclose(got, want, atol=1e-9, rtol=0)
+    np.testing.assert_allclose(quiet_loss, expected_loss, atol=1e-9, rtol=0)
+    noisy, noisy_loss = _noisy_run(keras_ctl.CTLModel, mirrored, 0.5)
+    assert all(np.isfinite(w).all() for w in noisy) and np.isfinite(noisy_loss).all()
+    assert np.abs(noisy[0] - quiet[0]).max() > 1e-3  # the noise was drawn
+    # This thread's Keras generator is Keras's, as it was.
+    assert global_state.get_global_attribute("global_seed_generator") is keras_generator
