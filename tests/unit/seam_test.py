@@ -50,6 +50,7 @@ def live_objects():
         model.layers[1](tf.constant(x)),
         epoch_iterator,
         iter(strategy.experimental_distribute_dataset(dataset)),
+        tf.function(lambda: 0),
     ]
 
 
