@@ -28,6 +28,7 @@ from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
+from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 from keras_ctl._replicas import written_in_shares
 
@@ -643,7 +644,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is None or force:
-            if self.built:
+            if self.built and not self._layers_built_by_its_step():
                 self.build_optimizers()
             default_step = type(self).train_step is CTLModel.train_step
             self._engine.accumulation = accumulation.for_model(self, default_step)
@@ -730,16 +731,29 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     def _builds_state_on_first_use(self):
         """Whether a multi-replica step would build state on first use: the
         optimizers that `optimizers_and_variables()` does not list (so were
-        not built before the first step), or the compiled loss and metrics
+        not built before the first step), the compiled loss and metrics
         (left to a step of one's own to build,
-        `_keras.SymbolicBuildFromFirstReplica`)."""
+        `_keras.SymbolicBuildFromFirstReplica`), or the layers only a step
+        of one's own calls."""
         if self.distribute_strategy.num_replicas_in_sync == 1:
             return False
         compiled = (_keras.compile_loss(self), _keras.compile_metrics(self))
-        return any(
-            isinstance(value, keras.optimizers.Optimizer) and not value.built
-            for value in vars(self).values()
-        ) or any(value is not None and not value.built for value in compiled)
+        return (
+            any(
+                isinstance(value, keras.optimizers.Optimizer) and not value.built
+                for value in vars(self).values()
+            )
+            or any(value is not None and not value.built for value in compiled)
+            or self._layers_built_by_its_step()
+        )
+
+    def _layers_built_by_its_step(self):
+        """Whether a step of the user's own has layers to build on first use
+        (a head only the step calls): its optimizers are then built by that
+        first step too, with every variable."""
+        return is_users_own(type(self), "train_step") and any(
+            not layer.built for layer in _keras.all_layers(self)
+        )
 
     def _update_metrics(self, x, y, sample_weight, step):
         """Updates the loss trackers and compiled metrics on this replica

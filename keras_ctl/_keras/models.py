@@ -43,7 +43,7 @@ class SymbolicBuildFromFirstReplica:
                 iterator = _first_replica_batches(iterator, strategy)
             else:
                 iterator = None
-        with strategy.scope(), _compiled_loss_and_metrics_hidden(self):
+        with strategy.scope(), _left_to_its_step(self):
             try:
                 symbolic_build = names.attribute(self, "_symbolic_build")
                 symbolic_build(iterator=iterator, data_batch=data_batch)
@@ -62,10 +62,13 @@ class SymbolicBuildFromFirstReplica:
 
 
 @contextlib.contextmanager
-def _compiled_loss_and_metrics_hidden(model):
-    """Within it, a model whose steps are its own has no compiled loss or
-    metrics (`Trainer._compile_loss`, `_compile_metrics`), so Keras's
-    `_symbolic_build` (3.15) builds only its layers and optimizer.
+def _left_to_its_step(model):
+    """Within it, a model whose steps are its own has no compiled loss,
+    metrics or optimizer (`Trainer._compile_loss`, `_compile_metrics`,
+    `optimizer`), so Keras's `_symbolic_build` (3.15) builds only its
+    layers. Its optimizer is built after, with every variable
+    (`CTLModel.make_train_function`), or by its first step when the step
+    builds layers of its own (a head only the step calls).
 
     Keras builds them by calling them on the data's `(y, y_pred)`. A step
     of one's own may call them on other tensors (a Barlow Twins loss on two
@@ -82,6 +85,7 @@ def _compiled_loss_and_metrics_hidden(model):
     hidden = {
         "_compile_loss": names.attribute(model, "_compile_loss"),
         "_compile_metrics": names.attribute(model, "_compile_metrics"),
+        "optimizer": model.optimizer,
     }
     for name in hidden:
         object.__setattr__(model, name, None)

@@ -2,7 +2,8 @@
 local means (`tf.reduce_mean`, `ops.mean`, `sum / count`), a layer
 singular at zero, a metric logged under another key, two tapes and two
 optimizers, a `train_step` decorated with `tf.function` and an optimizer per
-layer, Adam's sparse update of an embedding, `keras.remat`, Keras `Loss` objects mixed
+layer, Adam's sparse update of an embedding, `keras.remat`, a layer only
+the step calls (built by its first call), Keras `Loss` objects mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -86,6 +87,10 @@ def model_class(base, case):
             super().__init__(*args, **kwargs)
             self.loss_tracker = keras.metrics.Mean(name="loss")
             self.probe = keras.metrics.SparseCategoricalAccuracy(name="probe")
+            if case == "lazy_layer":  # a head only the step calls
+                self.extra = keras.layers.Dense(
+                    3, kernel_initializer=keras.initializers.GlorotUniform(seed=5)
+                )
 
         @property
         def metrics(self):
@@ -93,6 +98,8 @@ def model_class(base, case):
 
         def losses_of(self, x, y, training):
             logits = self(x, training=training)
+            if case == "lazy_layer":
+                logits = logits + self.extra(x)
             if case == "keras_loss_objects":
                 loss = self.loss_fn(y, logits) + 0.1 * ops.mean(ops.abs(logits))
             elif case == "sum_over_count":
@@ -169,6 +176,7 @@ CASES = (
     "tf_function",
     "sparse_adam",
     "remat",
+    "lazy_layer",
 )
 
 
