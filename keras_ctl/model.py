@@ -130,22 +130,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        outputs = super().__call__(*args, **kwargs)
-        # This replica's layer losses, as its forward pass left them.
-        _keras.note_losses_of_call(self, lambda: super(CTLModel, self).losses)
-        return outputs
-
-    @property
-    def losses(self) -> list[tf.Tensor]:
-        """Keras's `losses`; inside a replica step under several replicas,
-        those of this replica's last forward pass, wherever a step reads
-        them (replica threads share the layers, and another replica's
-        forward pass, run while this one waits on a collective, replaces
-        what the layers hold)."""
-        noted = _keras.losses_noted(self)
-        return super().losses if noted is None else list(noted)
-
     @classmethod
     def from_model(cls, model: keras.Model) -> CTLModel:
         """Makes `model` a `CTLModel`, in place, and returns it.

@@ -67,8 +67,6 @@ from keras_ctl._keras.replacements import replaced
 from keras_ctl._keras.replacements import replica_step
 from keras_ctl._keras.replacements import updated_metrics
 from keras_ctl._keras.state import count_only_real_examples
-from keras_ctl._keras.state import losses_noted
-from keras_ctl._keras.state import note_losses_of_call
 from keras_ctl._keras.state import real_examples
 from keras_ctl._keras.state import without_placeholder
 from keras_ctl._keras.variables import gradients
@@ -109,11 +107,9 @@ __all__ = [
     "keras_accumulators",
     "loss_parts",
     "loss_tracker",
-    "losses_noted",
     "metric_results_among",
     "micro_batch_iterations",
     "names",
-    "note_losses_of_call",
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",

@@ -68,34 +68,70 @@ def layers_of_empty_batches(original):
     """
 
     def call(self, *args, **kwargs):
-        if (
-            not getattr(_in_step, "active", False)
-            or getattr(_in_step, "real_examples", None) is not None
-            or num_replicas() == 1
-        ):
+        if not getattr(_in_step, "active", False) or num_replicas() == 1:
             return original(self, *args, **kwargs)
-        leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
-        if not leaves:
-            return original(self, *args, **kwargs)
-        rows = tf.shape(leaves[0])[0]
-        missing = tf.cast(tf.equal(rows, 0), tf.int32)
-        padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
-        args, kwargs = tree.map_structure(
-            lambda t: padded.get(id(t), t), (args, kwargs)
-        )
-        # The padded batch's static size: `None`, or 1 where TensorFlow
-        # knows the batch was empty (run eagerly, or a static 0).
-        size = padded[id(leaves[0])].shape[0]
-        _in_step.real_examples = rows
-        try:
+        if getattr(_in_step, "real_examples", None) is not None:
             outputs = original(self, *args, **kwargs)
-        finally:
-            _in_step.real_examples = None
-        return tree.map_structure(
-            lambda t: _without_rows(t, missing, size), outputs
-        )
+        else:
+            outputs = _on_a_placeholder_if_empty(original, self, args, kwargs)
+        note_own_losses(self)
+        return outputs
 
     return call
+
+
+def _on_a_placeholder_if_empty(original, layer, args, kwargs):
+    """`original(layer, *args, **kwargs)`, on a placeholder example when the
+    batch is empty, without the placeholder's rows."""
+    leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
+    if not leaves:
+        return original(layer, *args, **kwargs)
+    rows = tf.shape(leaves[0])[0]
+    missing = tf.cast(tf.equal(rows, 0), tf.int32)
+    padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
+    args, kwargs = tree.map_structure(lambda t: padded.get(id(t), t), (args, kwargs))
+    # The padded batch's static size: `None`, or 1 where TensorFlow knows
+    # the batch was empty (run eagerly, or a static 0).
+    size = padded[id(leaves[0])].shape[0]
+    _in_step.real_examples = rows
+    try:
+        outputs = original(layer, *args, **kwargs)
+    finally:
+        _in_step.real_examples = None
+    return tree.map_structure(lambda t: _without_rows(t, missing, size), outputs)
+
+
+def own_losses_of_this_replica(original):
+    """A layer's own losses (`add_loss`, activity regularizers), read in a
+    replica step under several replicas, are those its last call in this
+    replica's thread left.
+
+    Replica threads share the layers, and Keras keeps a layer's losses in
+    one list (`Layer._losses`), emptied when a model's call begins: when a
+    replica waits on a collective (a `Loss` object's global count, a
+    synchronized BatchNorm), another replica's forward pass replaces them,
+    and `model.losses` read after that is the other replica's. Each
+    layer's list is noted at the end of each of its calls in this thread
+    (`note_own_losses`). Replaces `Layer._get_own_losses` (checked on Keras
+    3.12.0, 3.15.1 and 3.16).
+    """
+
+    def _get_own_losses(self):
+        noted = getattr(_in_step, "own_losses", None)
+        if noted is None or id(self) not in noted:
+            return original(self)
+        return list(noted[id(self)])
+
+    return _get_own_losses
+
+
+def note_own_losses(layer):
+    """Notes `layer`'s own losses as its call in this replica step left them."""
+    noted = getattr(_in_step, "own_losses", None)
+    if noted is None:
+        noted = _in_step.own_losses = {}
+    own = names.attribute(layer, "_losses")
+    noted[id(layer)] = list(own)
 
 
 def _may_be_empty(value):

@@ -133,6 +133,14 @@ REPLACEMENTS = (
         "no option of `tf.function` inlines it",
     ),
     Replacement(
+        lambda: keras.Layer,
+        "_get_own_losses",
+        layers.own_losses_of_this_replica,
+        "replica threads share a layer's one list of losses, which another "
+        "replica's forward pass replaces while this one waits on a "
+        "collective",
+    ),
+    Replacement(
         _base_optimizer,
         "apply",
         optimizers.summing_apply,

@@ -45,25 +45,3 @@ def without_placeholder(values):
         return values
     return values[: tf.where(real > 0, tf.shape(values)[0], 0)]
 
-
-def note_losses_of_call(model, losses):
-    """Notes `losses()` (the layer losses `model`'s call left) for this
-    replica step's thread, under several replicas (see `losses_noted`)."""
-    if getattr(_in_step, "active", False) and _several_replicas():
-        noted = getattr(_in_step, "losses_of", None)
-        if noted is None:
-            noted = _in_step.losses_of = {}
-        noted[id(model)] = losses()
-
-
-def losses_noted(model):
-    """The layer losses of this replica step's last call of `model`, or
-    `None` (outside a replica step, or before its first call)."""
-    if not getattr(_in_step, "active", False):
-        return None
-    return (getattr(_in_step, "losses_of", None) or {}).get(id(model))
-
-
-def _several_replicas():
-    context = tf.distribute.get_replica_context()
-    return context is not None and context.num_replicas_in_sync > 1

@@ -7,9 +7,8 @@ discriminator applies updates several times a step: replica threads share
 each optimizer, so one replica enters its next `apply` while another is
 still inside the previous one (this crashed with "Values to regroup had
 different lengths"). Its losses are `tf.reduce_mean`s over each replica's
-examples, which no engine can turn into one device's mean: under R
-replicas its update is R times one device's, as in stock Keras, and a
-replica without examples would average nothing (NaN).
+examples, read as one device's (a step of one's own); the corpus compares
+it with one device (`tests/support/keras_io/wgan_gp.py`).
 """
 
 import devices

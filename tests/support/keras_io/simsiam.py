@@ -3,15 +3,11 @@ each image, a stop-gradient, a symmetrized negative cosine similarity and
 BatchNormalization in the projection and prediction heads.
 
 Written for these tests after the example's method, on tiny sizes (8x8
-images, a one-convolution backbone, 8-wide heads). As published, the loss
-is `-tf.reduce_mean(...)` over the replica's examples and the heads'
-BatchNormalization normalizes each replica's examples by themselves: both
-are a replica's own, so under R replicas the step is not one device's
-(docs/good-to-know.md, "Local means in a step of one's own").
-`parity=True` makes the two changes that page names, and the example is
-then exact: the mean through a Keras `Loss` object
-(`keras.losses.CosineSimilarity`, the same arithmetic) and
-`BatchNormalization(synchronized=True)`.
+images, a one-convolution backbone, 8-wide heads). Its loss,
+`-tf.reduce_mean(...)` over the replica's examples, is read as one
+device's (a step of one's own); the heads' BatchNormalization normalizes
+each replica's examples by themselves, so `parity=True` makes it
+`synchronized=True`, the change docs/good-to-know.md names.
 """
 
 import keras
@@ -26,10 +22,8 @@ SOURCE = "examples/vision/simsiam.py"
 WIDTH = 8
 
 
-def negative_cosine(p, z, parity):
+def negative_cosine(p, z):
     z = tf.stop_gradient(z)
-    if parity:  # changed: a Keras `Loss` object takes the global mean
-        return keras.losses.CosineSimilarity(axis=1)(z, p)
     p = tf.math.l2_normalize(p, axis=1)
     z = tf.math.l2_normalize(z, axis=1)
     return -tf.reduce_mean(tf.reduce_sum(p * z, axis=1))
@@ -53,8 +47,8 @@ def model_class(base, parity):
                 z1, z2 = self.encoder(view_one), self.encoder(view_two)
                 p1, p2 = self.predictor(z1), self.predictor(z2)
                 loss = (
-                    negative_cosine(p1, z2, parity) / 2
-                    + negative_cosine(p2, z1, parity) / 2
+                    negative_cosine(p1, z2) / 2
+                    + negative_cosine(p2, z1) / 2
                 )
             weights = (
                 self.encoder.trainable_variables + self.predictor.trainable_variables
