@@ -7,6 +7,7 @@ as written."""
 import json
 
 import children
+import configurations
 import devices
 import generated_steps
 import keras
@@ -110,6 +111,7 @@ def _bfloat16_run(base, strategy, own):
             self.optimizer.apply(tape.gradient(loss, variables), variables)
             return {"loss": loss}
 
+    previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_bfloat16")
     try:
         keras.utils.set_random_seed(1)
@@ -126,7 +128,7 @@ def _bfloat16_run(base, strategy, own):
         model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
         return model.get_weights()
     finally:
-        keras.config.set_dtype_policy("float32")
+        keras.config.set_dtype_policy(previous)
 
 
 @pytest.mark.slow
@@ -154,8 +156,7 @@ def _noisy_run(base, strategy, scale):
             self.optimizer.apply(tape.gradient(loss, variables), variables)
             return {"loss": loss}
 
-    keras.config.set_floatx("float64")
-    try:
+    with configurations.computing_in("float64"):
         keras.utils.set_random_seed(1)
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(13, 3)), rng.normal(size=(13, 1))
@@ -165,8 +166,6 @@ def _noisy_run(base, strategy, scale):
             model.compile(optimizer=keras.optimizers.SGD(0.1))
         history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
         return model.get_weights(), history.history["loss"]
-    finally:
-        keras.config.set_floatx("float32")
 
 
 @pytest.mark.slow

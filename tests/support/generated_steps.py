@@ -22,6 +22,7 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
+from configurations import computing_in
 from keras import ops
 
 TERMS = ("loss_object", "compute_loss", "reduce_mean", "ops_mean", "sum_over_count")
@@ -195,8 +196,7 @@ def data(config):
 
 def run(config, base, strategy):
     """Trains `config`'s step; returns its weights, history and evaluation."""
-    keras.config.set_floatx("float64")
-    try:
+    with computing_in("float64"):
         keras.utils.set_random_seed(config["seed"])
         x, y, sample_weight = data(config)
         with strategy.scope():
@@ -222,8 +222,6 @@ def run(config, base, strategy):
             "history": {k: list(map(float, v)) for k, v in history.history.items()},
             "evaluation": {k: float(v) for k, v in evaluation.items()},
         }
-    finally:
-        keras.config.set_floatx("float32")
 
 
 TOLERANCE = 1e-9  # float64

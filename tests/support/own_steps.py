@@ -13,6 +13,7 @@ replica empty on 2 replicas and two on 3.
 import keras
 import numpy as np
 import tensorflow as tf
+from configurations import computing_in
 from keras import ops
 
 SIZE, BATCH, EPOCHS = 13, 4, 2
@@ -182,8 +183,7 @@ CASES = (
 
 def run(case, base, strategy):
     """Trains `case` and returns its weights, history and evaluation."""
-    keras.config.set_floatx("float64")
-    try:
+    with computing_in("float64"):
         keras.utils.set_random_seed(0)
         x, y = data()
         if case == "sparse_adam":
@@ -209,5 +209,3 @@ def run(case, base, strategy):
             "history": {k: list(map(float, v)) for k, v in history.history.items()},
             "evaluation": {k: float(v) for k, v in evaluation.items()},
         }
-    finally:
-        keras.config.set_floatx("float32")
