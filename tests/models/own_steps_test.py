@@ -20,7 +20,9 @@ import keras_ctl
 from keras_ctl._own_code import reads_as_one_device
 
 TOLERANCE = 1e-9  # float64
-FAST = ("raw_means", "singular_layer")
+# Its logs include a metric's result under another key (`p_acc`), compared
+# with one device's like every logged value.
+FAST = ("singular_layer",)
 
 
 @pytest.mark.parametrize(
@@ -46,14 +48,6 @@ def test_steps_of_ones_own_equal_one_device_on_3_replicas(tmp_path):
     found = json.loads(out.read_text())
     assert set(found) == set(own_steps.CASES)
     assert max(found.values()) <= TOLERANCE, found
-
-
-def test_a_metric_logged_under_another_key_is_its_exact_result():
-    got = own_steps.run("raw_means", keras_ctl.CTLModel, devices.get("mirrored"))
-    # 8 of 13 right after the first epoch, on one device as here; averaged
-    # over replicas it would not be a multiple of 1/13.
-    p_acc = np.array(got["history"]["p_acc"]) * own_steps.SIZE
-    np.testing.assert_allclose(p_acc, np.round(p_acc), atol=1e-9)
 
 
 class _Shares(keras_ctl.CTLModel):
