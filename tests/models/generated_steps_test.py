@@ -3,7 +3,8 @@ Keras `Loss` objects, `self.compute_loss`, raw means, layer losses, sample
 weights, trackers, metrics under other keys, one or two tapes and
 optimizers, `tf.function`), equal `keras.Model` on one device in float64
 on 2 replicas, and on 3 in a child process, uneven and empty replicas
-included. `bash .ci/differential` runs 200 more."""
+included. `bash .ci/differential` runs 200 more (100 on 2 replicas, 100
+on 3)."""
 
 import json
 
@@ -13,7 +14,7 @@ import generated_steps
 import pytest
 
 FAST_SEEDS = (8,)
-SLOW_SEEDS = (3, 36, *range(40, 64))
+SLOW_SEEDS = (3, 36, 40, 41)
 
 
 @pytest.mark.parametrize(
@@ -39,4 +40,4 @@ def test_generated_steps_equal_one_device_on_3_replicas():
     assert result.returncode == 0, children.output(result)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line]
     assert [line for line in lines if "seed" in line] == []
-    assert lines[-1]["checked"] == 20
+    assert lines[-1]["checked"] == 8

@@ -89,6 +89,7 @@ AS_WRITTEN = (
     "rs_multi_task",
     "vq_vae",
     "zero_dce",
+    "wgan_gp",
 )
 # NNCLR does not run as written: on a replica without examples its queue
 # update, `feature_queue[:-batch_size]` with a batch size of 0, is empty.

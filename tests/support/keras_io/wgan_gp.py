@@ -7,8 +7,11 @@ Its local means are read as one device's (a step of one's own). The
 generator's `BatchNormalization` layers are `synchronized=True` in parity
 mode: normalizing each replica's examples by themselves is 1.8e-2
 relative off one device on 2 replicas (float64, draws from the data), the
-difference [Good to know](../../../docs/good-to-know.md) names.
-`tests/models/keras_io_wgan_test.py` runs it as written.
+difference docs/good-to-know.md names. As written it runs too: its two
+optimizers are built on first use, inside the step, and its critic
+applies updates several times a step, with replica threads sharing each
+optimizer (this once crashed with "Values to regroup had different
+lengths").
 
 Changed: sizes (12x12 images, padded to 16 by the critic and cropped from
 16 by the generator as the example's 28 and 32 are; latent 4; filters 2 to
