@@ -34,7 +34,7 @@ def test_generated_steps_equal_one_device_on_3_replicas():
         "--replicas",
         3,
         "--seeds",
-        "100:120",
+        "100:108",
     ]
     result = children.run(command, timeout=1200)
     assert result.returncode == 0, children.output(result)
