@@ -13,14 +13,11 @@ import devices
 import generated_steps
 import pytest
 
-FAST_SEEDS = (8,)
-SLOW_SEEDS = (3, 36, 40, 41)
+SEEDS = (3, 8, 36, 40, 41)
 
 
-@pytest.mark.parametrize(
-    "seed",
-    [*FAST_SEEDS, *(pytest.param(s, marks=pytest.mark.slow) for s in SLOW_SEEDS)],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_generated_step_equals_one_device_on_2_replicas(seed):
     difference = generated_steps.check(seed, devices.get("mirrored"))
     assert difference <= generated_steps.TOLERANCE, generated_steps.draw(seed)
