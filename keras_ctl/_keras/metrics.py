@@ -70,42 +70,49 @@ def _one_value(values):
 
 
 _noting = threading.Lock()
-# While a step runs: the metrics whose `result` is wrapped, how many
-# replica steps are inside `results_noted`, and the results noted.
-_noted = {"metrics": [], "users": 0, "results": {}}
+# id(metric) -> [metric, replica steps using its wrapper], while steps run.
+_wrapped = {}
 
 
 @contextlib.contextmanager
 def results_noted(metrics):
-    """Within it, each of `metrics` notes the tensors its `result()`
-    returns; yields `{id(tensor): (tensor, metric, key)}`, `key` naming the
-    entry of a result that is a dict (else `None`).
+    """Within it (this replica step's thread), each of `metrics` notes the
+    tensors its `result()` returns; yields `{id(tensor): (tensor, metric,
+    key)}`, `key` naming the entry of a result that is a dict (else
+    `None`).
 
     A step of one's own may log a metric's result under any key
     (`{"p_acc": self.probe.result()}`): so the logs recognize it by what it
     is, and reduce it from the metric's state summed across replicas. The
-    wrapper is an attribute of each metric instance, there only while
-    steps run (replica threads share the metrics, and take turns: the
-    first to enter puts the wrappers in place, the last to leave removes
-    them), never of a Keras class.
+    wrapper is an attribute of each metric instance, there while any
+    replica step uses it (replica threads share the metrics; each metric
+    counts its users, so steps of other models in other threads neither
+    miss it nor remove it early), never of a Keras class.
     """
+    mine = []
     with _noting:
-        if _noted["users"] == 0:
-            _noted["results"] = {}
-            _noted["metrics"] = [m for m in metrics if "result" not in vars(m)]
-            for metric in _noted["metrics"]:
+        for metric in metrics:
+            entry = _wrapped.get(id(metric))
+            if entry is None:
+                if "result" in vars(metric):
+                    continue  # an instance attribute of the user's own
                 object.__setattr__(metric, "result", _noting_result(metric))
-        _noted["users"] += 1
-        results = _noted["results"]
+                entry = _wrapped[id(metric)] = [metric, 0]
+            entry[1] += 1
+            mine.append(entry)
+    results = {}
+    previous = getattr(_in_step, "results", None)
+    _in_step.results = results
     try:
         yield results
     finally:
+        _in_step.results = previous
         with _noting:
-            _noted["users"] -= 1
-            if _noted["users"] == 0:
-                for metric in _noted["metrics"]:
-                    object.__delattr__(metric, "result")
-                _noted["metrics"] = []
+            for entry in mine:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    object.__delattr__(entry[0], "result")
+                    del _wrapped[id(entry[0])]
 
 
 def _noting_result(metric):
@@ -113,7 +120,9 @@ def _noting_result(metric):
 
     def result():
         value = own(metric)
-        results = _noted["results"]
+        results = getattr(_in_step, "results", None)
+        if results is None:
+            return value
         if isinstance(value, dict):
             for key, item in value.items():
                 results[id(item)] = (item, metric, key)
