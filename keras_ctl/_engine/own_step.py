@@ -19,9 +19,12 @@ keras_ctl's own steps, called from it (`super().train_step(data)`, the
 `GAN`'s phases), keep their shares as written (`written_in_shares`).
 """
 
+import contextlib
+
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl import _keras
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
@@ -39,7 +42,7 @@ def run_as_one_device(step, data):
     fraction = fraction_of_global_batch(data)
     if fraction is None:
         return step(data)
-    with read_as_batch_losses(fraction):
+    with read_as_batch_losses(fraction), variables_made_eagerly():
         outputs = step(data)
     if isinstance(outputs, dict):
         outputs = {**outputs, FRACTION_LOG: fraction}
@@ -63,3 +66,23 @@ def logs_and_fraction(outputs):
         return outputs, None
     outputs = dict(outputs)
     return outputs, outputs.pop(FRACTION_LOG)
+
+
+@contextlib.contextmanager
+def variables_made_eagerly():
+    """Within it, a variable a step creates as it is traced (`if not
+    hasattr(self, "seen"): self.seen = tf.Variable(0)`) asks for an eager
+    step (`_keras.NeedsEagerStep`), which creates it once for every
+    replica; the traced step then finds it.
+    `tf.function`'s own lifting of such a variable fails in a replica step
+    under several replicas."""
+
+    def creator(next_creator, **kwargs):
+        if tf.inside_function():
+            raise _keras.NeedsEagerStep(
+                "A variable created in a traced step is created by an eager step."
+            )
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(creator):
+        yield

@@ -3,7 +3,8 @@ local means (`tf.reduce_mean`, `ops.mean`, `sum / count`), a layer
 singular at zero, a metric logged under another key, two tapes and two
 optimizers, a `train_step` decorated with `tf.function` and an optimizer per
 layer, Adam's sparse update of an embedding, `keras.remat`, a layer only
-the step calls (built by its first call), Keras `Loss` objects mixed
+the step calls (built by its first call), a variable the step creates on
+its first call, Keras `Loss` objects mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -116,6 +117,8 @@ def model_class(base, case):
             x, y = data
             if case == "two_optimizers":
                 return self.two_optimizers_step(x, y)
+            if case == "variable_in_step":
+                return self.counting_step(x, y)
             with tf.GradientTape() as tape:
                 logits, loss = self.losses_of(x, y, training=True)
             gradients = tape.gradient(loss, self.trainable_variables)
@@ -139,6 +142,17 @@ def model_class(base, case):
             self.head_optimizer.apply(tape.gradient(head_total, head), head)
             self.loss_tracker.update_state(loss)
             return {"loss": self.loss_tracker.result(), "head_loss": head_loss}
+
+        def counting_step(self, x, y):
+            if not hasattr(self, "steps_taken"):  # made by the first call
+                self.steps_taken = tf.Variable(0.0, dtype="float64", trainable=False)
+            self.steps_taken.assign_add(1.0)
+            with tf.GradientTape() as tape:
+                _, loss = self.losses_of(x, y, training=True)
+                loss = loss / self.steps_taken  # a schedule of its own
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            return {"loss": loss, "steps": self.steps_taken}
 
         def test_step(self, data):
             x, y = data
@@ -178,6 +192,7 @@ CASES = (
     "sparse_adam",
     "remat",
     "lazy_layer",
+    "variable_in_step",
 )
 
 
