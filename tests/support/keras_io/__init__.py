@@ -16,6 +16,7 @@ or 3 replicas some replica gets none.
 
 import importlib
 import threading
+import zlib
 
 import keras
 import numpy as np
@@ -102,6 +103,13 @@ LOCAL_MEANS_LOGGED = ("adamatch",)
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
 
 
+def replicas_in_suite(name):
+    """The replica count (2 or 3) the test suite runs example `name` on,
+    from a hash of its name: `.ci/keras_io` runs every example on 1, 2 and
+    3 replicas, in float64 and float32, and as written."""
+    return 2 + zlib.crc32(name.encode()) % 2
+
+
 def train(name, base, strategy, parity=True):
     return importlib.import_module(f"keras_io.{name}").train(base, strategy, parity)
 
@@ -146,16 +154,16 @@ def result(model, history):
     }
 
 
-def compare(names, strategy):
+def compare(names, strategy, dtypes=tuple(TOLERANCE)):
     """`{dtype: {name: largest difference}}` of CTLModel under `strategy`
-    against keras.Model on one device, in float64 and float32."""
+    against keras.Model on one device, in each of `dtypes`."""
     import configurations
     import tensorflow as tf
 
     import keras_ctl
 
     found = {}
-    for dtype in TOLERANCE:
+    for dtype in dtypes:
         with configurations.computing_in(dtype):
             found[dtype] = {
                 name: largest_difference(
@@ -165,6 +173,29 @@ def compare(names, strategy):
                 for name in names
             }
     return found
+
+
+def problems_as_written(name, got):
+    """What is wrong with `got`, example `name` trained as written (its own
+    randomness) on several replicas: `[]` when every optimizer the step
+    uses was applied the same number of times a step (once, or the WGAN-GP
+    critic's extra steps; a GAN's `super().compile()` adds a default
+    optimizer that it never uses), a step counter of the model's own counts
+    steps, as on one device, and weights and logs are finite."""
+    steps = EPOCHS * -(-SIZE // BATCH)
+    problems = []
+    used = [count for count in got["iterations"] if count]
+    if not used or steps not in used or any(count % steps for count in used):
+        problems.append(f"optimizer updates {got['iterations']}, {steps} steps")
+    if got.get("current_step", steps) != steps:
+        problems.append(f"step counter {got['current_step']}, {steps} steps")
+    if not all(np.isfinite(w).all() for w in got["weights"]):
+        problems.append("weights not finite")
+    if name not in LOCAL_MEANS_LOGGED:
+        for key, values in got["history"].items():
+            if not np.isfinite(values).all() or len(values) != EPOCHS:
+                problems.append(f"log {key}: {list(values)}")
+    return problems
 
 
 class DrawsFromData:
