@@ -124,7 +124,7 @@ def scoped(local, name, value):
 
 
 @contextlib.contextmanager
-def read_as_batch_losses(fraction):
+def read_as_batch_losses(fraction, gradients_weighed=False):
     """Within it (this thread), a loss is read as one device reads it: the
     value of this replica's batch alone, which the step weighs by
     `fraction`, the replica's number of examples over the global batch's.
@@ -138,16 +138,45 @@ def read_as_batch_losses(fraction):
     computes on its placeholder reaches the update, NaN included
     (`weighed_by_fraction`). The step weighs the loss (a `compute_loss` of
     one's own), or the gradients where they are summed (a `train_step` of
-    one's own: `sum_across_replicas`) and the logs (`outputs`).
+    one's own: `sum_across_replicas`) and the logs (`outputs`);
+    `gradients_weighed` says it is the gradients (`sum_read_as_one_device`).
     """
     with scoped(_batch, "fraction", fraction):
-        yield
+        with scoped(_batch, "gradients_weighed", gradients_weighed):
+            yield
 
 
 def batch_fraction():
     """This replica's fraction of the global batch inside
     `read_as_batch_losses`, else `None`."""
     return getattr(_batch, "fraction", None)
+
+
+def sum_read_as_one_device(value):
+    """`all_reduce_sum(value)`, whose gradient is one device's in a step
+    that weighs each replica's gradients by its fraction after
+    `tape.gradient` (a `train_step` of one's own read as one device's code).
+
+    TensorFlow's gradient of the sum is the sum of every replica's upstream
+    gradient, which that step would then weigh by this replica's fraction
+    alone. Here each upstream gradient is weighed by its own replica's
+    fraction before the sum, and the result divided by this replica's,
+    which the step multiplies back: every replica's loss flows back through
+    the sum with the weight it has in one device's loss (a synchronized
+    BatchNorm's moments on uneven replicas: 3, 3 and 2 examples)."""
+    fraction = batch_fraction()
+    if fraction is None or not getattr(_batch, "gradients_weighed", False):
+        return all_reduce_sum(value)
+
+    @tf.custom_gradient
+    def summed(value):
+        def gradient(upstream):
+            weighed = all_reduce_sum(weighed_by_fraction(upstream, fraction))
+            return tf.math.divide_no_nan(weighed, tf.cast(fraction, weighed.dtype))
+
+        return all_reduce_sum(value), gradient
+
+    return summed(value)
 
 
 def written_in_shares(method):

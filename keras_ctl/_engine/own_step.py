@@ -42,8 +42,9 @@ def run_as_one_device(step, data):
     fraction = fraction_of_global_batch(data)
     if fraction is None:
         return step(data)
-    with read_as_batch_losses(fraction), variables_made_eagerly():
-        outputs = step(data)
+    with read_as_batch_losses(fraction, gradients_weighed=True):
+        with variables_made_eagerly():
+            outputs = step(data)
     if isinstance(outputs, dict):
         outputs = {**outputs, FRACTION_LOG: fraction}
     return outputs

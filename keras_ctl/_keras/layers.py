@@ -7,8 +7,8 @@ from keras import tree
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.state import without_placeholder
-from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import sum_read_as_one_device
 from keras_ctl._replicas import with_placeholder_rows
 
 
@@ -20,8 +20,9 @@ def exact_sync_moments(original):
     replica's sum, sum of squares and count, in three collectives, counting
     every row of the batch: a replica's placeholder example (see
     `count_only_real_examples`) would enter the moments. Here the
-    placeholder is left out and the three sums travel in one all-reduce.
-    Checked on Keras 3.12.0 and 3.15.1.
+    placeholder is left out and the three sums travel in one all-reduce,
+    whose gradient is one device's in a step of one's own too
+    (`sum_read_as_one_device`). Checked on Keras 3.12.0 and 3.15.1.
     """
 
     def compute_moments_sync(x, axes, keepdims):
@@ -36,7 +37,7 @@ def exact_sync_moments(original):
         local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
         local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)
         total, squares, count = tf.unstack(
-            all_reduce_sum(tf.stack([local_sum, local_squares, local_count]))
+            sum_read_as_one_device(tf.stack([local_sum, local_squares, local_count]))
         )
         mean = tf.math.divide_no_nan(total, count)
         variance = tf.maximum(

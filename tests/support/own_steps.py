@@ -4,7 +4,8 @@ singular at zero, a metric logged under another key, two tapes and two
 optimizers, a `train_step` decorated with `tf.function` and an optimizer per
 layer, Adam's sparse update of an embedding, `keras.remat`, a layer only
 the step calls (built by its first call), a variable the step creates on
-its first call, Keras `Loss` objects mixed
+its first call, a synchronized BatchNorm (in batches of 5: uneven
+replicas), Keras `Loss` objects mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -71,6 +72,8 @@ def _network(case):
         kernel_initializer=keras.initializers.GlorotUniform(seed=1),
         name="body",
     )(h)
+    if case == "synchronized_bn":
+        h = keras.layers.BatchNormalization(synchronized=True)(h)
     outputs = keras.layers.Dense(
         3, kernel_initializer=keras.initializers.GlorotUniform(seed=2), name="head"
     )(h)
@@ -193,6 +196,7 @@ CASES = (
     "remat",
     "lazy_layer",
     "variable_in_step",
+    "synchronized_bn",
 )
 
 
@@ -215,10 +219,13 @@ def run(case, base, strategy):
             # Adam's sparse update of embedding rows (`IndexedSlices`).
             sparse = case == "sparse_adam"
             model.compile(optimizer="adam" if sparse else keras.optimizers.SGD(0.1))
+        # Batches of 5 split 3 and 2, or 2, 2 and 1: replicas of unequal
+        # fractions, each of which enters the synchronized moments.
+        batch = 5 if case == "synchronized_bn" else BATCH
         history = model.fit(
-            x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0
+            x, y, batch_size=batch, epochs=EPOCHS, shuffle=False, verbose=0
         )
-        evaluation = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+        evaluation = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
         return {
             "weights": [w.tolist() for w in model.get_weights()],
             "history": {k: list(map(float, v)) for k, v in history.history.items()},

@@ -42,19 +42,19 @@ EXACT = (
     "vae",
     "zero_dce",
     "vq_vae",
+    "wgan_gp",
 )
 # Ported and left out: keras.io's forward-forward (a metric's result read
 # inside the step and added to a variable: each replica's own state) and
 # DDIM (a per-pixel loss that `tape.gradient` sums: a sum over examples,
 # which no weighing of the replicas makes one device's; BatchNorm of each
-# replica's examples). The WGAN-GP runs as written; in parity mode it equals
-# one device on 2 replicas (2.4e-16) but not on 3 (1.0e-3, float64: its
-# uneven split, 3/3/2), not yet explained, so it is not in EXACT.
+# replica's examples).
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
 # `tests/models/`, and `tests/models/global_batch_test.py` for the global
 # batch.
 SLOW = (
+    "wgan_gp",
     "vae",
     "zero_dce",
     "vq_vae",
@@ -101,6 +101,19 @@ AS_WRITTEN = (
 LOCAL_MEANS_LOGGED = ("adamatch",)
 # float64 relative difference and float32 absolute difference allowed.
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+# Examples whose float32 round-off an optimizer amplifies, with float64
+# showing the logic exact: the WGAN-GP's critic biases end near 2e-3 with
+# gradients near 0, where Adam's update (learning rate 2e-4) keeps its
+# size whatever the gradient's; on 3 replicas one ends 1.3e-5 off (float64:
+# 6.0e-16).
+FLOAT32_TOLERANCE_OF = {"wgan_gp": 5e-5}
+
+
+def tolerance(name, dtype):
+    """The largest difference allowed for example `name` in `dtype`."""
+    if dtype == "float32":
+        return FLOAT32_TOLERANCE_OF.get(name, TOLERANCE[dtype])
+    return TOLERANCE[dtype]
 
 
 def replicas_in_suite(name):

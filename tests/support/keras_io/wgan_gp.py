@@ -8,8 +8,9 @@ generator's `BatchNormalization` layers are `synchronized=True` in parity
 mode: normalizing each replica's examples by themselves is 1.8e-2
 relative off one device on 2 replicas (float64, draws from the data), the
 difference docs/good-to-know.md names. So changed, it equals one device
-on 2 replicas (2.4e-16) but not on 3 (1.0e-3), not yet explained: not in
-`EXACT`. As written it runs too: its two
+on 2 and 3 replicas (float64, 6.0e-16 on 3: replicas of 3, 3 and 2
+examples, whose moments' gradient is one device's,
+`_replicas.sum_read_as_one_device`). As written it runs too: its two
 optimizers are built on first use, inside the step, and its critic
 applies updates several times a step, with replica threads sharing each
 optimizer (this once crashed with "Values to regroup had different
