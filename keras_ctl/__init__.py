@@ -5,8 +5,8 @@ The public surface, re-exported here:
 - `CTLModel`, `GAN`: models whose `fit()` is exact under any strategy.
 - building blocks for custom steps (`keras_ctl.blocks`): `global_mean`,
   `scaled_regularization_loss`, `minimize`, `all_reduce_sum`,
-  `num_replicas`, and for losses over the global batch `all_gather` and
-  `row_offset`;
+  `num_replicas`, `written_in_shares`, and for losses over the global
+  batch `all_gather` and `row_offset`;
 - typed step outputs (`keras_ctl.outputs`): `ReplicaSum`, `ExampleMean`,
   `Synchronized`;
 - modules: `callbacks` (`BackupAndRestore`), `strategies`, `datasets`,
@@ -50,6 +50,7 @@ from keras_ctl.blocks import minimize  # noqa: E402
 from keras_ctl.blocks import num_replicas  # noqa: E402
 from keras_ctl.blocks import row_offset  # noqa: E402
 from keras_ctl.blocks import scaled_regularization_loss  # noqa: E402
+from keras_ctl.blocks import written_in_shares  # noqa: E402
 from keras_ctl.gan import GAN  # noqa: E402
 from keras_ctl.model import CTLModel  # noqa: E402
 from keras_ctl.outputs import ExampleMean  # noqa: E402
@@ -89,4 +90,5 @@ __all__ = [
     "scaled_regularization_loss",
     "strategies",
     "testing",
+    "written_in_shares",
 ]

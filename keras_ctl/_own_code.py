@@ -53,13 +53,58 @@ def reads_as_one_device(model_class, method):
 
 def replica_arithmetic_named(model_class, method):
     """The names of `REPLICA_ARITHMETIC` that `model_class.method` uses, in
-    its body or in functions defined in it, sorted."""
-    function = getattr(model_class, method, None)
-    function = getattr(function, "python_function", function)  # a tf.function
-    code = getattr(function, "__code__", None)
-    if code is None:
-        return []
-    return sorted(_names_in(code) & REPLICA_ARITHMETIC)
+    its body, in functions defined in it, and in the model's code it calls
+    (`functions_read_by`), sorted; `written_in_shares` for a step so
+    marked (`keras_ctl.written_in_shares`)."""
+    names = set()
+    for function in functions_read_by(model_class, method):
+        names |= _names_in(function.__code__) & REPLICA_ARITHMETIC
+        if getattr(function, IN_SHARES_MARK, False):
+            names.add("written_in_shares")
+    return sorted(names)
+
+
+# The attribute `keras_ctl.written_in_shares` sets on a step.
+IN_SHARES_MARK = "__keras_ctl_written_in_shares__"
+
+
+def functions_read_by(model_class, method):
+    """The user's own functions `model_class.method` runs: itself, the same
+    method of a base class it calls through `super()`, and the model's
+    methods it calls on `self`, followed through each (Keras's and
+    keras_ctl's own code is not followed)."""
+    mro = model_class.__mro__
+    found, seen = [], set()
+
+    def visit(name, start):
+        for index in range(start, len(mro)):
+            if name in vars(mro[index]):
+                break
+        else:
+            return
+        function = _python_function(vars(mro[index])[name])
+        if function is None or id(function) in seen:
+            return
+        seen.add(id(function))
+        if not is_users_function(function):
+            return
+        found.append(function)
+        names = _names_in(function.__code__)
+        if "super" in names and name in names:
+            visit(name, index + 1)
+        for other in sorted(names - {name}):
+            visit(other, 0)
+
+    visit(method, 0)
+    return found
+
+
+def _python_function(value):
+    """The Python function of a method, static or class method, or
+    `tf.function`; `None` for anything else."""
+    value = getattr(value, "__func__", value)
+    value = getattr(value, "python_function", value)
+    return value if isinstance(value, types.FunctionType) else None
 
 
 def _names_in(code):
@@ -68,3 +113,88 @@ def _names_in(code):
         if isinstance(constant, types.CodeType):
             names |= _names_in(constant)
     return names
+
+
+# Reductions and products that may take a statistic of the whole batch:
+# over every axis, or over axis 0, they see only the replica's examples.
+_BATCH_REDUCTIONS = frozenset(
+    {
+        "sum",
+        "reduce_sum",
+        "amax",
+        "max",
+        "reduce_max",
+        "amin",
+        "min",
+        "reduce_min",
+        "std",
+        "reduce_std",
+        "var",
+        "reduce_variance",
+        "logsumexp",
+        "reduce_logsumexp",
+        "moments",
+        "top_k",
+        "sort",
+        "argsort",
+        "cumsum",
+    }
+)
+
+
+def batch_statistics_in(model_class, method):
+    """`[(file, line, code)]`: calls in the user's own `model_class.method`
+    and the model's code it calls (`functions_read_by`) that may take a
+    statistic of the whole batch, which a replica computes on its part
+    only: a reduction from `_BATCH_REDUCTIONS` with no `axis` or with axis
+    0 (`ops.sum(self.losses)`, a list of terms, excepted), and a product of
+    a tensor with a transposed one (a similarity matrix across examples).
+    A hint for the parity kit: the axes of a tensor are not known here."""
+    import ast
+    import inspect
+    import textwrap
+
+    found = []
+    for function in functions_read_by(model_class, method):
+        try:
+            lines, first = inspect.getsourcelines(function)
+            filename = inspect.getsourcefile(function)
+        except (OSError, TypeError):
+            continue
+        source = textwrap.dedent("".join(lines))
+        for node in ast.walk(ast.parse(source)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and _may_take_a_batch_statistic(node.func.attr, node)
+            ):
+                code = ast.get_source_segment(source, node).splitlines()[0]
+                found.append((filename, first + node.lineno - 1, code))
+    return sorted(found)
+
+
+def _may_take_a_batch_statistic(name, call):
+    import ast
+
+    keywords = {k.arg: k.value for k in call.keywords}
+    if name in ("matmul", "dot"):
+        return any(
+            k in keywords and _is_true(keywords[k])
+            for k in ("transpose_b", "transpose_a")
+        ) or any(isinstance(a, ast.Attribute) and a.attr == "T" for a in call.args)
+    if name not in _BATCH_REDUCTIONS:
+        return False
+    if call.args and isinstance(call.args[0], ast.Attribute):
+        if call.args[0].attr == "losses":  # a list of terms, summed once
+            return False
+    axis = keywords.get("axis", call.args[1] if len(call.args) > 1 else None)
+    if axis is None or (isinstance(axis, ast.Constant) and axis.value is None):
+        return name not in ("top_k", "sort", "argsort", "cumsum")
+    values = axis.elts if isinstance(axis, (ast.Tuple, ast.List)) else [axis]
+    return any(isinstance(v, ast.Constant) and v.value == 0 for v in values)
+
+
+def _is_true(node):
+    import ast
+
+    return isinstance(node, ast.Constant) and node.value is True

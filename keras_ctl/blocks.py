@@ -9,6 +9,7 @@ the global gradient. `CTLModel`'s default step is built from these blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 
 import keras
@@ -18,6 +19,7 @@ from keras_ctl import _keras
 from keras_ctl._engine import gather
 from keras_ctl._engine import update
 from keras_ctl._engine.loss import regularization_total
+from keras_ctl._own_code import IN_SHARES_MARK
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import divide_by_global_counts
@@ -32,6 +34,7 @@ __all__ = [
     "minimize",
     "num_replicas",
     "scaled_regularization_loss",
+    "written_in_shares",
 ]
 
 
@@ -80,8 +83,7 @@ def global_mean(
         values,
         "with one entry per example (rank >= 1), so that the mean can be "
         "taken over the global batch",
-        "Pass the unreduced per-example values (e.g. a loss with "
-        "`reduction=None`).",
+        "Pass the unreduced per-example values (e.g. a loss with `reduction=None`).",
     )
     if sample_weight is None:
         weights = tf.ones_like(values)
@@ -283,3 +285,42 @@ def minimize(
     gradients, _ = sum_across_replicas(_keras.gradients(tape, scaled_loss, variables))
     update.apply_summed(optimizer, gradients, variables)
     return gradients
+
+
+def written_in_shares(step: Callable) -> Callable:
+    """Marks `step`, a `train_step` or `test_step` of one's own, as written
+    in replica shares: on each replica it runs as written on the replica's
+    part of the batch, and the replicas' gradients are summed as they are.
+
+    A step that names none of the replica arithmetic (`global_mean`,
+    `num_replicas`, `tf.nn.compute_average_loss`, ...) is otherwise read as
+    one device's code: each replica's gradients are weighed by its part of
+    the global batch, which makes a mean over examples one device's mean.
+    A loss that is a sum over examples (a per-example loss vector, whose
+    gradient `tape.gradient` sums, or `tf.reduce_sum` of per-example
+    losses) is one device's sum in shares instead: the replicas' sums add
+    up to the global batch's.
+
+    Args:
+        step: The step method (a `tf.function` too).
+
+    Returns:
+        `step`, marked.
+
+    Example:
+
+    ```python
+    class Siamese(keras_ctl.CTLModel):
+        @keras_ctl.written_in_shares
+        def train_step(self, data):
+            with tf.GradientTape() as tape:
+                loss = self.triplet_loss(data)  # one value per example
+            grads = tape.gradient(loss, self.trainable_weights)  # their sum
+            self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+            return {"loss": keras_ctl.ReplicaSum(tf.reduce_sum(loss))}
+    ```
+    """
+    for function in (step, getattr(step, "python_function", None)):
+        if function is not None:
+            setattr(function, IN_SHARES_MARK, True)
+    return step

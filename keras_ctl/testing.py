@@ -22,6 +22,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from keras_ctl._own_code import batch_statistics_in
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import replica_arithmetic_named
 
@@ -302,7 +303,25 @@ def _own(model, method, batch):
             f"a step of your own written in replica shares (it names {shown}), "
             + _SHARES
         )
-    return _OWN_STEP
+    return _OWN_STEP + _statistics_named(model, method)
+
+
+def _statistics_named(model, method):
+    """The lines of the step that may take a statistic of the whole batch."""
+    import os
+
+    found = batch_statistics_in(type(model), method)
+    if not found:
+        return ""
+    lines = "; ".join(
+        f"{os.path.basename(file)}:{line} `{code}`" for file, line, code in found
+    )
+    return (
+        " Lines that may take a statistic of the whole batch, which each "
+        f"replica takes of its part only: {lines}. For one device's, gather "
+        "the rows with `keras_ctl.all_gather`, or reduce with "
+        "`keras_ctl.global_mean`."
+    )
 
 
 _OWN_STEP = (

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import keras_ctl
 from keras_ctl._own_code import reads_as_one_device
+from keras_ctl.testing import known_to_differ
 
 TOLERANCE = 1e-9  # float64
 
@@ -77,11 +78,46 @@ class _OneDevice(keras_ctl.CTLModel):
         return {"loss": loss}
 
 
+class _CallsSuper(_Shares):
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+class _Overrides(_Shares):
+    def train_step(self, data):
+        return _OneDevice.train_step(self, data)
+
+
+class _CallsAHelper(keras_ctl.CTLModel):
+    def train_step(self, data):
+        return {"loss": self.shared_loss(*data)}
+
+    def shared_loss(self, x, y):
+        return keras_ctl.global_mean(tf.square(self(x) - y))
+
+
+class _Marked(keras_ctl.CTLModel):
+    @keras_ctl.written_in_shares
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(self(x) - y))
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables))
+        return {"loss": loss}
+
+
 def test_which_steps_are_read_as_one_device():
     assert reads_as_one_device(_OneDevice, "train_step")
-    # Replica arithmetic named in the step, or in a function defined in it.
+    # Replica arithmetic named in the step, in a function defined in it, in
+    # the base class's step it calls through `super()`, or in a method of
+    # the model it calls; or a step marked written in shares.
     assert not reads_as_one_device(_Shares, "train_step")
     assert not reads_as_one_device(_TensorFlowShares, "train_step")
+    assert not reads_as_one_device(_CallsSuper, "train_step")
+    assert reads_as_one_device(_Overrides, "train_step")
+    assert not reads_as_one_device(_CallsAHelper, "train_step")
+    assert not reads_as_one_device(_Marked, "train_step")
+    assert "written_in_shares" in dict(known_to_differ(_Marked()))["_Marked.train_step"]
     # keras_ctl's own steps and Keras's are exact as written.
     assert not reads_as_one_device(keras_ctl.CTLModel, "train_step")
     assert not reads_as_one_device(keras_ctl.GAN, "train_step")

@@ -5,7 +5,8 @@ optimizers, a `train_step` decorated with `tf.function` and an optimizer per
 layer, Adam's sparse update of an embedding, `keras.remat`, a layer only
 the step calls (built by its first call), a variable the step creates on
 its first call, a synchronized BatchNorm (in batches of 5: uneven
-replicas), Keras `Loss` objects mixed
+replicas), a sum over examples in a step marked written in shares, Keras
+`Loss` objects mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -17,6 +18,8 @@ import numpy as np
 import tensorflow as tf
 from configurations import computing_in
 from keras import ops
+
+import keras_ctl
 
 SIZE, BATCH, EPOCHS = 13, 4, 2
 
@@ -163,6 +166,8 @@ def model_class(base, case):
             self.probe.update_state(y, logits)
             return {"p_acc": self.probe.result(), "batch_loss": loss}
 
+    if case == "sum_in_shares":
+        return SumInShares(OwnStep)
     if case != "tf_function":
         return OwnStep
 
@@ -184,6 +189,29 @@ def model_class(base, case):
     return DecoratedStep
 
 
+def SumInShares(base):  # noqa: N802
+    """A loss that is a sum over examples, in a step marked written in
+    shares: each replica's sum, the replicas' gradients summed."""
+
+    class SumInShares(base):
+        @keras_ctl.written_in_shares
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                logits = self(x, training=True)
+                loss = _crossentropy(y, logits)  # one value per example
+            # `tape.gradient` sums the per-example losses' gradients.
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            self.probe.update_state(y, logits)
+            total = ops.sum(loss)
+            if isinstance(self, keras_ctl.CTLModel):
+                total = keras_ctl.ReplicaSum(total)
+            return {"loss": total, "p_acc": self.probe.result()}
+
+    return SumInShares
+
+
 CASES = (
     "raw_means",
     "sum_over_count",
@@ -197,6 +225,7 @@ CASES = (
     "lazy_layer",
     "variable_in_step",
     "synchronized_bn",
+    "sum_in_shares",
 )
 
 

@@ -1,6 +1,8 @@
 """The parity kit names the parts of a model known to differ from one
 device, each with what to do."""
 
+import inspect
+
 import keras
 import numpy as np
 import pytest
@@ -72,8 +74,9 @@ def test_a_step_in_replica_shares_is_named_with_what_it_names():
 
 
 class SumOfLosses(keras_ctl.CTLModel):
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         return keras.ops.sum(keras.ops.square(y_pred))
 
 
@@ -94,8 +97,9 @@ def test_a_compute_loss_over_the_global_batch_is_not_named():
 
 
 class InBatchNegatives(keras_ctl.CTLModel):
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         scores = keras.ops.matmul(y_pred, keras.ops.transpose(y))
         labels = keras.ops.eye(keras.ops.shape(scores)[0])
         return keras.ops.mean(
@@ -130,8 +134,9 @@ def test_a_batch_measures_whether_compute_loss_couples_or_sums_the_batch():
 
 
 class MeanWithPenalty(keras_ctl.CTLModel):
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
         return loss + 0.1 * keras.ops.mean(keras.ops.square(y_pred))
 
@@ -155,3 +160,39 @@ def test_keras_ctls_own_gan_is_not_named_as_code_of_ones_own():
     discriminator = keras.Model(image, keras.layers.Dense(1)(image))
     gan = keras_ctl.GAN(discriminator=discriminator, generator=generator, latent_dim=2)
     assert known_to_differ(gan) == []
+
+
+class BatchStatistics(keras_ctl.CTLModel):
+    def train_step(self, data):
+        x, y = data
+        similarities = self.similarities(self(x))
+        per_example = keras.ops.sum(keras.ops.square(self(x) - y), axis=1)
+        regularization = keras.ops.sum(self.losses)
+        return {"loss": keras.ops.sum(per_example) + regularization + similarities}
+
+    def similarities(self, z):
+        return keras.ops.max(keras.ops.matmul(z, z.T))
+
+
+def test_a_step_of_ones_own_names_the_lines_that_may_take_a_batch_statistic():
+    inputs = keras.Input((2,))
+    model = BatchStatistics(inputs, keras.layers.Dense(2)(inputs))
+    advice = dict(known_to_differ(model))["BatchStatistics.train_step"]
+    lines, first = inspect.getsourcelines(BatchStatistics)
+    at = {text.strip(): first + i for i, text in enumerate(lines)}
+    # A sum over the batch and, in the model's method the step calls, a
+    # product across examples and a maximum over every axis; not a sum over
+    # an example's axis, nor the sum of `self.losses`.
+    summed = (
+        'return {"loss": keras.ops.sum(per_example) + regularization + similarities}'
+    )
+    maximum = "return keras.ops.max(keras.ops.matmul(z, z.T))"
+    here = "known_to_differ_test.py"
+    expected = [
+        f"{here}:{at[summed]} `keras.ops.sum(per_example)`",
+        f"{here}:{at[maximum]} `keras.ops.max(keras.ops.matmul(z, z.T))`",
+        f"{here}:{at[maximum]} `keras.ops.matmul(z, z.T)`",
+    ]
+    named = advice.split("its part only: ")[1].split(". For one device's")[0]
+    assert sorted(named.split("; ")) == sorted(expected)
+    assert "keras_ctl.all_gather" in advice
