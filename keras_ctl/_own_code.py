@@ -26,11 +26,12 @@ REPLICA_ARITHMETIC = frozenset(
 )
 
 
-def is_users_own(model_class, method):
-    """Whether `model_class.method` (`"train_step"`, `"test_step"`,
-    `"compute_loss"`) is the user's: defined outside Keras and keras_ctl
-    (keras_ctl's `CTLModel` and `GAN` steps are exact as written)."""
-    function = getattr(model_class, method, None)
+def is_users_own(owner, method):
+    """Whether `owner.method` (`"train_step"`, `"test_step"`,
+    `"compute_loss"`; `owner` a model or its class) is the user's: defined
+    outside Keras and keras_ctl (keras_ctl's `CTLModel` and `GAN` steps are
+    exact as written)."""
+    function = getattr(owner, method, None)
     return function is not None and is_users_function(function)
 
 
@@ -42,22 +43,20 @@ def is_users_function(function):
     return module.split(".")[0] not in ("keras", "keras_ctl", "tensorflow")
 
 
-def reads_as_one_device(model_class, method):
-    """Whether the user's own `model_class.method` is read as one device's
-    code (`keras_ctl._engine.own_step`): it is the user's, and names none
-    of `REPLICA_ARITHMETIC`."""
-    return is_users_own(model_class, method) and not replica_arithmetic_named(
-        model_class, method
-    )
+def reads_as_one_device(owner, method):
+    """Whether the user's own `owner.method` is read as one device's code
+    (`keras_ctl._engine.own_step`): it is the user's, and names none of
+    `REPLICA_ARITHMETIC`."""
+    return is_users_own(owner, method) and not replica_arithmetic_named(owner, method)
 
 
-def replica_arithmetic_named(model_class, method):
-    """The names of `REPLICA_ARITHMETIC` that `model_class.method` uses, in
+def replica_arithmetic_named(owner, method):
+    """The names of `REPLICA_ARITHMETIC` that `owner.method` uses, in
     its body, in functions defined in it, and in the model's code it calls
     (`functions_read_by`), sorted; `written_in_shares` for a step so
     marked (`keras_ctl.written_in_shares`)."""
     names = set()
-    for function in functions_read_by(model_class, method):
+    for function in functions_read_by(owner, method):
         names |= _names_in(function.__code__) & REPLICA_ARITHMETIC
         if getattr(function, IN_SHARES_MARK, False):
             names.add("written_in_shares")
@@ -68,34 +67,41 @@ def replica_arithmetic_named(model_class, method):
 IN_SHARES_MARK = "__keras_ctl_written_in_shares__"
 
 
-def functions_read_by(model_class, method):
-    """The user's own functions `model_class.method` runs: itself, the same
-    method of a base class it calls through `super()`, and the model's
-    methods it calls on `self`, followed through each (Keras's and
-    keras_ctl's own code is not followed)."""
-    mro = model_class.__mro__
+def functions_read_by(owner, method):
+    """The user's own functions `owner.method` runs (`owner` a model or its
+    class): itself, the same method of a base class it calls through
+    `super()`, and the model's methods it calls on `self`, followed through
+    each (Keras's and keras_ctl's own code is not followed). A step set on
+    the instance (`self.train_step = self.train_step_tf`) is read too."""
+    mro = owner.__mro__ if isinstance(owner, type) else type(owner).__mro__
     found, seen = [], set()
 
-    def visit(name, start):
+    def defined(name, start):
+        """`(function, index)` of the first definition of `name` in
+        `mro[start:]`, or `(None, None)`."""
         for index in range(start, len(mro)):
             if name in vars(mro[index]):
-                break
-        else:
-            return
-        function = _python_function(vars(mro[index])[name])
+                return _python_function(vars(mro[index])[name]), index
+        return None, None
+
+    def visit(function, index):
         if function is None or id(function) in seen:
             return
         seen.add(id(function))
         if not is_users_function(function):
             return
         found.append(function)
+        name = function.__name__
         names = _names_in(function.__code__)
         if "super" in names and name in names:
-            visit(name, index + 1)
+            visit(*defined(name, index + 1))
         for other in sorted(names - {name}):
-            visit(other, 0)
+            visit(*defined(other, 0))
 
-    visit(method, 0)
+    first = _python_function(getattr(owner, method, None))
+    if first is not None:
+        at = [i for i, c in enumerate(mro) if vars(c).get(first.__name__)]
+        visit(first, at[0] if at else 0)
     return found
 
 
@@ -142,8 +148,8 @@ _BATCH_REDUCTIONS = frozenset(
 )
 
 
-def batch_statistics_in(model_class, method):
-    """`[(file, line, code)]`: calls in the user's own `model_class.method`
+def batch_statistics_in(owner, method):
+    """`[(file, line, code)]`: calls in the user's own `owner.method`
     and the model's code it calls (`functions_read_by`) that may take a
     statistic of the whole batch, which a replica computes on its part
     only: a reduction from `_BATCH_REDUCTIONS` with no `axis` or with axis
@@ -155,7 +161,7 @@ def batch_statistics_in(model_class, method):
     import textwrap
 
     found = []
-    for function in functions_read_by(model_class, method):
+    for function in functions_read_by(owner, method):
         try:
             lines, first = inspect.getsourcelines(function)
             filename = inspect.getsourcefile(function)

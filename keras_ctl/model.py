@@ -708,7 +708,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             metrics=lambda: self.metrics,
             builds_on_first_use=self._builds_state_on_first_use,
             reads_as_one_device=reads_as_one_device(
-                type(self), "train_step" if training else "test_step"
+                self, "train_step" if training else "test_step"
             ),
         )
 
@@ -735,7 +735,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         """Whether a step of the user's own has layers to build on first use
         (a head only the step calls): its optimizers are then built by that
         first step too, with every variable."""
-        return is_users_own(type(self), "train_step") and any(
+        return is_users_own(self, "train_step") and any(
             not layer.built for layer in _keras.all_layers(self)
         )
 

@@ -280,7 +280,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
         if model._compute_loss_over == "global_batch":
             methods.remove("compute_loss")  # it computes one device's loss
         for method in methods:
-            if is_users_own(type(model), method):
+            if is_users_own(model, method):
                 found.append(
                     (f"{type(model).__name__}.{method}", _own(model, method, batch))
                 )
@@ -296,7 +296,7 @@ def _own(model, method, batch):
     if method == "compute_loss":
         measured = _measured_loss(model, batch) if batch is not None else None
         return measured or _OWN_LOSS
-    named = replica_arithmetic_named(type(model), method)
+    named = replica_arithmetic_named(model, method)
     if named:
         shown = ", ".join(f"`{name}`" for name in named)
         return (
@@ -310,7 +310,7 @@ def _statistics_named(model, method):
     """The lines of the step that may take a statistic of the whole batch."""
     import os
 
-    found = batch_statistics_in(type(model), method)
+    found = batch_statistics_in(model, method)
     if not found:
         return ""
     lines = "; ".join(

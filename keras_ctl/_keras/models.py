@@ -113,7 +113,7 @@ def _built_by_its_step(model, error):
 
 def _has_own_step(model):
     """Whether `model` trains or evaluates with a step of the user's own."""
-    return any(is_users_own(type(model), name) for name in ("train_step", "test_step"))
+    return any(is_users_own(model, name) for name in ("train_step", "test_step"))
 
 
 def _callable_model(model):

@@ -106,6 +106,16 @@ class _Marked(keras_ctl.CTLModel):
         return {"loss": loss}
 
 
+class _SetOnTheInstance(keras_ctl.CTLModel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.train_step = self.train_step_tf  # keras.io's dual encoder
+
+    def train_step_tf(self, data):
+        x, y = data
+        return {"loss": tf.reduce_mean(tf.square(self(x) - y))}
+
+
 def test_which_steps_are_read_as_one_device():
     assert reads_as_one_device(_OneDevice, "train_step")
     # Replica arithmetic named in the step, in a function defined in it, in
@@ -118,6 +128,11 @@ def test_which_steps_are_read_as_one_device():
     assert not reads_as_one_device(_CallsAHelper, "train_step")
     assert not reads_as_one_device(_Marked, "train_step")
     assert "written_in_shares" in dict(known_to_differ(_Marked()))["_Marked.train_step"]
+    # A step set on the instance is the model's step.
+    inputs = keras.Input((2,))
+    instance = _SetOnTheInstance(inputs, keras.layers.Dense(1)(inputs))
+    assert reads_as_one_device(instance, "train_step")
+    assert not reads_as_one_device(_SetOnTheInstance, "train_step")
     # keras_ctl's own steps and Keras's are exact as written.
     assert not reads_as_one_device(keras_ctl.CTLModel, "train_step")
     assert not reads_as_one_device(keras_ctl.GAN, "train_step")
