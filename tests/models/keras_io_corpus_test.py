@@ -25,4 +25,4 @@ import pytest
 )
 def test_an_example_equals_one_device_on_2_replicas(name):
     largest, same_updates = keras_io.difference_on_2_replicas(name)
-    assert largest <= keras_io.TOLERANCE["float64"] and same_updates
+    assert largest <= keras_io.tolerance(name, "float64") and same_updates

@@ -51,7 +51,12 @@ EXACT = (
 # inside the step and added to a variable: each replica's own state) and
 # DDIM (a per-pixel loss that `tape.gradient` sums: a sum over examples,
 # which no weighing of the replicas makes one device's; BatchNorm of each
-# replica's examples).
+# replica's examples). Semantic image clustering is ported, and in parity
+# mode equals one device on 2 replicas and in float64 on 3; in float32 on
+# 3 replicas its last batch (1, 0 and 0 examples) stops on a shape mismatch
+# between the collectives of its two synchronized BatchNorm layers (12
+# values against 9), not yet explained; as written, a replica without
+# examples divides by its batch size, 0.
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
 # `tests/models/`, and `tests/models/global_batch_test.py` for the global
@@ -107,23 +112,28 @@ AS_WRITTEN = (
 LOCAL_MEANS_LOGGED = ("adamatch",)
 # float64 relative difference and float32 absolute difference allowed.
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
-# Examples whose float32 round-off an optimizer amplifies, with float64
-# showing the logic exact: the WGAN-GP's critic biases end near 2e-3 with
-# gradients near 0, where Adam's update (learning rate 2e-4) keeps its
-# size whatever the gradient's; on 3 replicas one ends 1.3e-5 off (float64:
-# 6.0e-16). The siamese network's last biases cancel in its distances
-# (`f(A) - f(P)`): their gradient is 0 but for round-off, which Adam
-# (learning rate 1e-4) scales up to steps of its own size; in float32 they
-# and the logged losses end up to 2.5e-4 off on 3 replicas (float64:
-# 4.6e-14, in those biases).
-FLOAT32_TOLERANCE_OF = {"wgan_gp": 5e-5, "siamese_network": 5e-4}
+# Examples whose round-off an optimizer amplifies, the logic exact: a
+# weight whose gradient is 0 but for round-off (a bias that cancels) moves
+# under Adam by round-off over Adam's epsilon (1e-7) times the learning
+# rate, where one device and the replicas round differently.
+# - The WGAN-GP's critic biases end near 2e-3 with gradients near 0; on 3
+#   replicas one ends 1.3e-5 off in float32 (float64: 6.0e-16).
+# - The siamese network's last biases cancel in its distances (`f(A) -
+#   f(P)`); in float32 they and the logged losses end up to 2.5e-4 off on
+#   3 replicas (float64: 4.6e-14, in those biases).
+# - Semantic image clustering's convolution bias before a BatchNorm
+#   cancels; it ends at 7.1e-10 on one device (its true value 0) and
+#   1.1e-9 from it on 3 replicas in float64 (AdamW, learning rate 1e-3).
+TOLERANCE_OF = {
+    "wgan_gp": {"float32": 5e-5},
+    "siamese_network": {"float32": 5e-4},
+    "semantic_image_clustering": {"float64": 1e-8},
+}
 
 
 def tolerance(name, dtype):
     """The largest difference allowed for example `name` in `dtype`."""
-    if dtype == "float32":
-        return FLOAT32_TOLERANCE_OF.get(name, TOLERANCE[dtype])
-    return TOLERANCE[dtype]
+    return TOLERANCE_OF.get(name, {}).get(dtype, TOLERANCE[dtype])
 
 
 def replicas_in_suite(name):
