@@ -148,9 +148,27 @@ def _without_rows(tensor, missing, size):
         return tensor
     if tensor.shape[0] is not None and tensor.shape[0] != size:
         return tensor
-    kept = tensor[: tf.shape(tensor)[0] - missing]
-    # Keras's mask rides on the tensor (`_keras_mask`, no public setter).
-    mask = names.attribute(tensor, "_keras_mask", None)
-    if mask is not None:
-        kept._keras_mask = mask[: tf.shape(mask)[0] - missing]
+    kept = _first_rows(tensor, missing)
+    # Keras reads a mask and a softmax's or sigmoid's logits off the tensor
+    # (`_keras_mask`, `_keras_logits`, no public setter); its losses also
+    # find the logits of a `Softmax` or `Sigmoid` op by the op's type.
+    # Carried over, a cross-entropy of the layer's output is computed from
+    # its logits, as on one device.
+    for name in ("_keras_mask", "_keras_logits"):
+        value = names.attribute(tensor, name, None)
+        if value is not None:
+            setattr(kept, name, _first_rows(value, missing))
+    if names.attribute(kept, "_keras_logits", None) is None and _activation_op(tensor):
+        kept._keras_logits = _first_rows(tensor.op.inputs[0], missing)
     return kept
+
+
+def _first_rows(tensor, missing):
+    return tensor[: tf.shape(tensor)[0] - missing]
+
+
+def _activation_op(tensor):
+    """Whether `tensor` is a traced `Softmax` or `Sigmoid` of one input."""
+    if isinstance(tensor, tf.__internal__.EagerTensor) or not hasattr(tensor, "op"):
+        return False
+    return tensor.op.type in ("Softmax", "Sigmoid") and len(tensor.op.inputs) == 1

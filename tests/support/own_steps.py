@@ -5,8 +5,9 @@ optimizers, a `train_step` decorated with `tf.function` and an optimizer per
 layer, Adam's sparse update of an embedding, `keras.remat`, a layer only
 the step calls (built by its first call), a variable the step creates on
 its first call, a synchronized BatchNorm (in batches of 5: uneven
-replicas), a sum over examples in a step marked written in shares, Keras
-`Loss` objects mixed
+replicas), a sum over examples in a step marked written in shares, a
+cross-entropy of a `Softmax` layer's probabilities, Keras `Loss` objects
+mixed
 with raw terms, and a `test_step`.
 Each builds on `base` (`keras.Model` for the one-device reference) and
 trains in float64 on 13 examples in batches of 4: the last batch leaves a
@@ -77,6 +78,13 @@ def _network(case):
     )(h)
     if case == "synchronized_bn":
         h = keras.layers.BatchNormalization(synchronized=True)(h)
+    if case == "softmax_output":
+        # Large logits: probabilities clipped where Keras's cross-entropy
+        # does not use the softmax's logits.
+        head = keras.layers.Dense(
+            3, kernel_initializer=keras.initializers.RandomNormal(0, 10, seed=2)
+        )
+        return inputs, keras.layers.Softmax(name="head")(head(h))
     outputs = keras.layers.Dense(
         3, kernel_initializer=keras.initializers.GlorotUniform(seed=2), name="head"
     )(h)
@@ -113,6 +121,12 @@ def model_class(base, case):
             elif case == "sum_over_count":
                 per_example = _crossentropy(y, logits)
                 loss = ops.sum(per_example) / ops.cast(ops.shape(y)[0], "float64")
+            elif case == "softmax_output":  # probabilities: Keras finds the logits
+                probabilities = logits
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, probabilities
+                )
+                loss = tf.reduce_mean(per_example)
             else:
                 loss = tf.reduce_mean(_crossentropy(y, logits))
             if self.losses:
@@ -226,6 +240,7 @@ CASES = (
     "variable_in_step",
     "synchronized_bn",
     "sum_in_shares",
+    "softmax_output",
 )
 
 
