@@ -154,12 +154,14 @@ def _without_rows(tensor, missing, size):
     # find the logits of a `Softmax` or `Sigmoid` op by the op's type.
     # Carried over, a cross-entropy of the layer's output is computed from
     # its logits, as on one device.
-    for name in ("_keras_mask", "_keras_logits"):
-        value = names.attribute(tensor, name, None)
-        if value is not None:
-            setattr(kept, name, _first_rows(value, missing))
-    if names.attribute(kept, "_keras_logits", None) is None and _activation_op(tensor):
-        kept._keras_logits = _first_rows(tensor.op.inputs[0], missing)
+    mask = names.attribute(tensor, "_keras_mask", None)
+    if mask is not None:
+        kept._keras_mask = _first_rows(mask, missing)
+    logits = names.attribute(tensor, "_keras_logits", None)
+    if logits is None and _activation_op(tensor):
+        logits = tensor.op.inputs[0]
+    if logits is not None:
+        kept._keras_logits = _first_rows(logits, missing)
     return kept
 
 

@@ -38,7 +38,10 @@ def live_objects():
     # The state an optimizer builds only for these options.
     accumulating = keras.optimizers.SGD(gradient_accumulation_steps=2, use_ema=True)
     accumulating.build(model.trainable_variables)
+    with tf.Graph().as_default():  # Keras leaves the logits on a traced tensor
+        probabilities = keras.activations.softmax(tf.constant(x))
     return [
+        probabilities,
         accumulating,
         model,
         keras.Model,
