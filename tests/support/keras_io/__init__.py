@@ -49,6 +49,10 @@ EXACT = (
     "ddpm",
     "molecule_generation",
     "wgan_graphs",
+    "custom_train_step_guide",
+    "adain",
+    "melgan",
+    "gan_ada",
 )
 # Ported and left out: keras.io's forward-forward (a metric's result read
 # inside the step and added to a variable: each replica's own state) and
@@ -65,6 +69,8 @@ EXACT = (
 # `tests/models/`, and `tests/models/global_batch_test.py` for the global
 # batch.
 SLOW = (
+    "melgan",
+    "gan_ada",
     "ddpm",
     "wgan_gp",
     "vae",
@@ -108,13 +114,18 @@ AS_WRITTEN = (
     "nl_image_search",
     "ddpm",
     "molecule_generation",
+    "custom_train_step_guide",
+    "adain",
+    "melgan",
 )
 # NNCLR does not run as written: on a replica without examples its queue
 # update, `feature_queue[:-batch_size]` with a batch size of 0, is empty.
 # The graph WGAN does not either: it keeps the replica's batch size in
 # `self.batch_size`, which the replica threads share; read after the
 # critic's update, it is another replica's (`loss_gen` NaN on the last
-# batch).
+# batch). As written, GAN-ADA's augmentation probability, a variable, is
+# set from a mean over the replica's examples: NaN on a replica without
+# examples, and each replica keeps its own copy (`aug_p` logs NaN).
 # As written, AdaMatch's step names the replica arithmetic (its parity mode
 # divides by the replica count), so its logged losses are a replica's local
 # means: NaN for a replica without examples (docs/good-to-know.md, "A step
