@@ -53,6 +53,7 @@ EXACT = (
     "adain",
     "melgan",
     "gan_ada",
+    "deit",
 )
 # Ported and left out: keras.io's forward-forward (a metric's result read
 # inside the step and added to a variable: each replica's own state) and
@@ -63,12 +64,20 @@ EXACT = (
 # 3 replicas its last batch (1, 0 and 0 examples) stops on a shape mismatch
 # between the collectives of its two synchronized BatchNorm layers (12
 # values against 9), not yet explained; as written, a replica without
-# examples divides by its batch size, 0.
+# examples divides by its batch size, 0. The masked image model, the
+# speech transformer and image captioning run as written but are not
+# exact: each looks a position table up once a batch (`emb(range(T))`), so
+# one device's sparse gradient of that table has one slice a position and
+# the replicas' summed gradient one a position and replica, which Keras's
+# sparse Adam squares apart (0.2% to 0.9% off); with that lookup dense,
+# each equals one device (float64, 2.2e-15 on 3 replicas). Left out:
+# RealNVP needs TensorFlow Probability, not installed here.
 # Longer than the fast tier allows (tracing three or four models, or
 # several steps and optimizers); the fast tier keeps the other GAN steps of
 # `tests/models/`, and `tests/models/global_batch_test.py` for the global
 # batch.
 SLOW = (
+    "deit",
     "melgan",
     "gan_ada",
     "ddpm",
@@ -117,6 +126,10 @@ AS_WRITTEN = (
     "custom_train_step_guide",
     "adain",
     "melgan",
+    "deit",
+    "masked_image_modeling",
+    "transformer_asr",
+    "image_captioning",
 )
 # NNCLR does not run as written: on a replica without examples its queue
 # update, `feature_queue[:-batch_size]` with a batch size of 0, is empty.
@@ -237,14 +250,14 @@ def compare(names, strategy, dtypes=tuple(TOLERANCE)):
 def problems_as_written(name, got):
     """What is wrong with `got`, example `name` trained as written (its own
     randomness) on several replicas: `[]` when every optimizer the step
-    uses was applied the same number of times a step (once, or the WGAN-GP
-    critic's extra steps; a GAN's `super().compile()` adds a default
-    optimizer that it never uses), a step counter of the model's own counts
+    uses was applied the same number of times a step (once, the WGAN-GP
+    critic's extra steps, or image captioning's once a caption; a GAN's
+    `super().compile()` adds a default optimizer that it never uses), a step counter of the model's own counts
     steps, as on one device, and weights and logs are finite."""
     steps = EPOCHS * -(-SIZE // BATCH)
     problems = []
     used = [count for count in got["iterations"] if count]
-    if not used or steps not in used or any(count % steps for count in used):
+    if not used or any(count % steps for count in used):
         problems.append(f"optimizer updates {got['iterations']}, {steps} steps")
     if got.get("current_step", steps) != steps:
         problems.append(f"step counter {got['current_step']}, {steps} steps")
