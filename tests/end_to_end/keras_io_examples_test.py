@@ -1,7 +1,13 @@
-"""The keras.io corpus, end to end: the longer exact examples the suite
-runs on 2 replicas (`keras_io.replicas_in_suite`), and the others on 3
-replicas (a child process), in float64 to 1e-9. `.ci/keras_io` runs every
-example on 1, 2 and 3 replicas in float64 and float32, and as written.
+"""The keras.io corpus (`tests/support/keras_io/`): examples that override
+`train_step`, `test_step` or `compute_loss`, their model code as published
+with `keras_ctl.CTLModel` as the base.
+
+In parity mode (the step's random draws taken from the data) each exact
+example equals `keras.Model` on one device in float64 to 1e-9, with a
+replica that gets no example in the last batch. The suite runs each on 2
+replicas (in this process) or 3 (a child process), from a hash of its name
+(`keras_io.replicas_in_suite`); `.ci/keras_io.py` runs every example on 1,
+2 and 3 replicas in float64 and float32, and as written.
 """
 
 import json
@@ -12,14 +18,9 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "name",
-    [
-        name
-        for name in keras_io.SLOW
-        if name in keras_io.EXACT and keras_io.replicas_in_suite(name) == 2
-    ],
+    "name", [name for name in keras_io.EXACT if keras_io.replicas_in_suite(name) == 2]
 )
-def test_a_longer_example_equals_one_device_on_2_replicas(name):
+def test_an_example_equals_one_device_on_2_replicas(name):
     largest, same_updates = keras_io.difference_on_2_replicas(name)
     assert largest <= keras_io.tolerance(name, "float64") and same_updates
 

@@ -10,7 +10,7 @@ takes the step's random draws from the data (marked where the code
 changes), so one device and R replicas see the same numbers; `False` runs
 the step as written, with its own randomness.
 
-Sizes: 17 examples, batch 8. The last batch has one example, so under 2
+Sizes: 17 rows, batch 8. The last batch has one row, so under 2
 or 3 replicas some replica gets none.
 """
 
@@ -72,30 +72,6 @@ EXACT = (
 # sparse Adam squares apart (0.2% to 0.9% off); with that lookup dense,
 # each equals one device (float64, 2.2e-15 on 3 replicas). Left out:
 # RealNVP needs TensorFlow Probability, not installed here.
-# Longer than the fast tier allows (tracing three or four models, or
-# several steps and optimizers); the fast tier keeps the other GAN steps of
-# `tests/models/`, and `tests/models/global_batch_test.py` for the global
-# batch.
-SLOW = (
-    "deit",
-    "melgan",
-    "gan_ada",
-    "ddpm",
-    "wgan_gp",
-    "vae",
-    "zero_dce",
-    "vq_vae",
-    "cyclegan",
-    "conditional_gan",
-    "dcgan",
-    "simclr",
-    "barlow_twins",
-    "adamatch",
-    "mlm",
-    "nnclr",
-    "rs_sequential_retrieval",
-    "rs_multi_task",
-)
 # Run as written under replicas, with their own randomness. As written,
 # Barlow Twins', SimCLR's and AdaMatch's losses couple the examples of the
 # replica's batch (their parity modes gather them); the masked language
