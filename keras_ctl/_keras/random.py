@@ -11,7 +11,8 @@ from keras_ctl._keras.state import _in_step
 
 class NeedsEagerStep(RuntimeError):
     """A traced replica step must first run eagerly once, to create state
-    (the seed generators of unseeded draws, `per_replica_generators`)."""
+    (the seed generators of unseeded draws, `per_replica_generators`; a
+    variable a step of one's own creates, `own_step.variables_made_eagerly`)."""
 
 
 _lock = threading.Lock()

@@ -6,8 +6,9 @@ In parity mode (the step's random draws taken from the data) each exact
 example equals `keras.Model` on one device in float64 to 1e-9, with a
 replica that gets no example in the last batch. The suite runs each on 2
 replicas (in this process) or 3 (a child process), from a hash of its name
-(`keras_io.replicas_in_suite`); `.ci/keras_io.py` runs every example on 1,
-2 and 3 replicas in float64 and float32, and as written.
+(`keras_io.replicas_in_suite`), but for the longest (`keras_io.LONGEST`);
+`.ci/keras_io.py` runs every example on 1, 2 and 3 replicas in float64 and
+float32, and as written.
 """
 
 import json
@@ -17,16 +18,14 @@ import keras_io
 import pytest
 
 
-@pytest.mark.parametrize(
-    "name", [name for name in keras_io.EXACT if keras_io.replicas_in_suite(name) == 2]
-)
+@pytest.mark.parametrize("name", keras_io.in_suite(2))
 def test_an_example_equals_one_device_on_2_replicas(name):
     largest, same_updates = keras_io.difference_on_2_replicas(name)
     assert largest <= keras_io.tolerance(name, "float64") and same_updates
 
 
 def test_the_other_examples_equal_one_device_on_3_replicas(tmp_path):
-    names = [name for name in keras_io.EXACT if keras_io.replicas_in_suite(name) == 3]
+    names = keras_io.in_suite(3)
     out = tmp_path / "3.json"
     command = [children.PYTHON, "keras_io_child.py", 3, out, "--dtypes", "float64"]
     result = children.run([*command, "--names", *names], timeout=1200)

@@ -146,6 +146,21 @@ def tolerance(name, dtype):
     return TOLERANCE_OF.get(name, {}).get(dtype, TOLERANCE[dtype])
 
 
+# The longest examples (30 s or more for one check: four models traced,
+# or a U-Net, MelGAN's three-scale critic, a teacher): `.ci/keras_io.py`
+# runs them; the suite, which must stay within its time, does not.
+LONGEST = ("cyclegan", "ddpm", "melgan", "deit", "gan_ada")
+
+
+def in_suite(replicas):
+    """The exact examples the suite runs on `replicas` (2 or 3)."""
+    return [
+        name
+        for name in EXACT
+        if name not in LONGEST and replicas_in_suite(name) == replicas
+    ]
+
+
 def replicas_in_suite(name):
     """The replica count (2 or 3) the test suite runs example `name` on,
     from a hash of its name: `.ci/keras_io` runs every example on 1, 2 and
