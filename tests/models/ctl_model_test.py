@@ -709,6 +709,7 @@ def test_a_dataset_of_unknown_cardinality_under_a_strategy_equals_one_device():
     np.testing.assert_allclose(runs["mirrored"][1], runs["default"][1], atol=ATOL)
 
 
+@pytest.mark.slow  # 16 s: five compiled models, for the fast tier's time
 def test_a_loss_for_some_outputs_takes_labels_for_those_only():
     """`loss=["mse", None, None]` and one label array, as Keras allows."""
     rng = np.random.default_rng(0)
