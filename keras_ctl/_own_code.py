@@ -2,6 +2,9 @@
 one answer for the engine, building from the first step, and the parity
 kit."""
 
+import ast
+import inspect
+import textwrap
 import types
 
 # Names of the replica arithmetic of keras_ctl and TensorFlow. A step that
@@ -156,10 +159,6 @@ def batch_statistics_in(owner, method):
     0 (`ops.sum(self.losses)`, a list of terms, excepted), and a product of
     a tensor with a transposed one (a similarity matrix across examples).
     A hint for the parity kit: the axes of a tensor are not known here."""
-    import ast
-    import inspect
-    import textwrap
-
     found = []
     for function in functions_read_by(owner, method):
         try:
@@ -180,8 +179,6 @@ def batch_statistics_in(owner, method):
 
 
 def _may_take_a_batch_statistic(name, call):
-    import ast
-
     keywords = {k.arg: k.value for k in call.keywords}
     if name in ("matmul", "dot"):
         return any(
@@ -201,6 +198,4 @@ def _may_take_a_batch_statistic(name, call):
 
 
 def _is_true(node):
-    import ast
-
     return isinstance(node, ast.Constant) and node.value is True
