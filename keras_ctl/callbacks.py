@@ -17,6 +17,7 @@ from keras_ctl import _keras
 from keras_ctl import _preemption
 from keras_ctl import strategies
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine.resume import MetricStates
 from keras_ctl._engine.resume import ResumePlan
 from keras_ctl._engine.state import EngineState
 from keras_ctl.model import CTLModel
@@ -48,8 +49,11 @@ class BackupAndRestore(keras.callbacks.Callback):
       order of the uninterrupted run: the epochs trained before the backup
       are replayed through the pipeline's shuffle before the first epoch.
       Limits: other data (a Python generator, a `PyDataset`) must come in
-      the same order on restart; metrics of the resumed epoch average only
-      the batches trained after the restart.
+      the same order on restart.
+    - **Resumed logs.** A mid-epoch backup holds the state of every metric
+      and loss tracker (`model.metrics`), so the resumed epoch logs what
+      the uninterrupted epoch logs: its progress bar, `History`,
+      `CSVLogger` and `TensorBoard` rows.
     - **Every optimizer.** Each optimizer the model lists in
       `optimizers_and_variables()` (both of a `keras_ctl.GAN`) is built
       before a backup loads, so its state is restored too, with a GAN's
@@ -136,6 +140,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._since_save = 0
         self._skipped = 0  # batches of the resumed epoch trained before a kill
         self._quiet = None
+        self._metric_states = None  # of the resumed epoch, from the backup
 
     def _path(self, name, previous=False):
         return os.path.join(self.backup_dir, name + (_PREVIOUS if previous else ""))
@@ -221,10 +226,14 @@ class BackupAndRestore(keras.callbacks.Callback):
             self.model._engine.epochs_to_replay = self._epoch
             if self._skipped:
                 self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
+                self._metric_states = MetricStates(metadata.get("metrics", {}))
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._batches_done = self._skipped
+        if self._metric_states is not None:
+            # After Keras reset them for the epoch.
+            self._metric_states.restore(self.model.metrics, self.model.distribute_strategy)
         if self._skipped:
             # The resumed epoch ends `_skipped` batches early, on purpose.
             self._quiet = warnings.catch_warnings()
@@ -234,6 +243,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_batch_end(
         self, batch: int, logs: dict[str, Any] | None = None
     ) -> None:
+        if self._metric_states is not None:
+            self._add_to_first_batch(logs)
         done = self._skipped + batch + 1
         self._since_save += done - self._batches_done
         self._batches_done = done
@@ -241,6 +252,15 @@ class BackupAndRestore(keras.callbacks.Callback):
             self._save()
         if self._notice is not None and self._notice_taken():
             self._stop_on_notice()
+
+    def _add_to_first_batch(self, logs):
+        """The saved state of metrics the first step built joins their
+        state, and this batch's `logs` (seen by the callbacks after this
+        one)."""
+        states, self._metric_states = self._metric_states, None
+        if states.add_to_first_batch(self.model.metrics, self.model.distribute_strategy) and logs:
+            results = self.model.get_metrics_result()
+            logs.update({name: results[name] for name in logs if name in results})
 
     def _notice_taken(self):
         """One process stops at once; workers stop after the step through
@@ -272,6 +292,9 @@ class BackupAndRestore(keras.callbacks.Callback):
             # Steps in flight on the workers would change what is saved.
             parameter_servers.coordinator(strategy).join()
         metadata = {"epoch": self._epoch, "batches_done": self._batches_done}
+        if self._batches_done:
+            # Read on every worker (a collective), kept by the chief.
+            metadata["metrics"] = MetricStates.read(self.model.metrics)
         accumulation = _engine_of(self.model).accumulation
         if accumulation is not None:
             # Mid-way through accumulating: the partial sums are saved too.

@@ -1,6 +1,11 @@
-"""`ResumePlan`: where a restarted `fit()` picks up a killed run's epoch."""
+"""Where a restarted `fit()` picks up a killed run's epoch: the batches to
+skip (`ResumePlan`) and the metrics' state (`MetricStates`)."""
+
+import numpy as np
+import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl import _topology
 
 
 class ResumePlan:
@@ -42,3 +47,82 @@ class ResumePlan:
             self.finished = True
             _keras.end_epoch_early()
         self._left -= steps_per_call
+
+
+class MetricStates:
+    """The metrics' state at a backup's position, carried into the resumed
+    epoch, so that it logs what the uninterrupted epoch logs.
+
+    Keras resets the metrics when an epoch begins; a resumed epoch would
+    then average only the batches trained after the restart. The state is
+    read across replicas and workers (the value a log shows) and written
+    back whole into the first replica of the chief, zeros elsewhere (for a
+    summed variable), so it can be restored on any topology.
+
+    A metric not yet built when the resumed epoch begins (Keras builds the
+    compiled metrics of a model created without a strategy when the step
+    is traced) gets its state added after the epoch's first batch, as
+    Keras's metrics keep sums of per-batch statistics.
+
+    Args:
+        saved: `{metric name: [variable values]}`, as `read` returns it.
+    """
+
+    def __init__(self, saved):
+        self._saved = saved
+        self._pending = {}
+
+    @staticmethod
+    def read(metrics):
+        """`{metric name: [variable values as lists]}` of built `metrics`.
+
+        Under several workers every worker must call it, in the same order:
+        a summed variable is read through a collective."""
+        return {
+            metric.name: [np.asarray(v.numpy()).tolist() for v in metric.variables]
+            for metric in metrics
+            if metric.variables
+        }
+
+    def restore(self, metrics, strategy):
+        """Writes the saved state into the built `metrics`; keeps the rest
+        for `add_to_first_batch`."""
+        for metric in metrics:
+            values = self._saved.get(metric.name)
+            if values is None:
+                continue
+            if len(metric.variables) == len(values):
+                for variable, value in zip(metric.variables, values):
+                    _assign_whole(variable, value, strategy, add=False)
+            else:
+                self._pending[metric.name] = values
+
+    def add_to_first_batch(self, metrics, strategy):
+        """Adds the saved state of the metrics built by the first step;
+        returns whether any was."""
+        added = False
+        for metric in metrics:
+            values = self._pending.pop(metric.name, None)
+            if values is not None and len(metric.variables) == len(values):
+                for variable, value in zip(metric.variables, values):
+                    _assign_whole(variable, value, strategy, add=True)
+                added = True
+        self._pending.clear()
+        return added
+
+
+def _assign_whole(variable, value, strategy, add):
+    """Makes `variable` read `value` (plus its state, if `add`) across every
+    replica and worker: a summed variable holds it in the chief's first
+    replica and zeros elsewhere; any other holds it everywhere."""
+    components = strategy.experimental_local_results(variable.value)
+    topology = _topology.of(strategy)
+    summed = variable.aggregation == "sum" and topology.replicas > 1
+    for index, component in enumerate(components):
+        whole = index == 0 and topology.chief
+        part = np.asarray(value) if whole or not summed else np.zeros_like(value)
+        part = tf.cast(part, component.dtype)
+        if add:
+            component.assign_add(part)
+        else:
+            component.assign(part)

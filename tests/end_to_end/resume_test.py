@@ -73,25 +73,51 @@ def uninterrupted(
     return _REFERENCES[key]
 
 
-def interrupted_and_uninterrupted(tmp_path, tmp_path_factory, workers=None, **config):
-    reference = {
-        "output": uninterrupted(
-            tmp_path_factory,
-            config["model"],
-            config["strategy"],
-            workers,
-            config.get("accumulation"),
-            config.get("shuffle"),
-        )
-    }
+def interrupted_and_uninterrupted(
+    tmp_path, tmp_path_factory, workers=None, then=None, **config
+):
+    """Runs `config` killed, then again to its end: on the same topology, or
+    on `then` (`{"strategy": ..., "workers": ...}`), when the reference is
+    the uninterrupted run on one device. Returns both outputs' paths."""
+    reference_on = (
+        (config["strategy"], workers) if then is None else ("default", None)
+    )
+    reference = uninterrupted(
+        tmp_path_factory,
+        config["model"],
+        reference_on[0],
+        reference_on[1],
+        config.get("accumulation"),
+        config.get("shuffle"),
+    )
     resumed = child_config(tmp_path, **config)
     code, log = run_child(resumed, workers)
     assert code != 0, "the first run should have been killed:\n" + log
     assert os.path.exists(resumed["marker"])
     assert os.listdir(resumed["backup_dir"]), "no backup was written before the kill"
+    if then is not None:
+        resumed["strategy"], workers = then["strategy"], then.get("workers")
     code, log = run_child(resumed, workers)
     assert code == 0, log
-    return reference["output"], resumed["output"]
+    return reference, resumed["output"], workers
+
+
+def assert_same_logs(resumed, reference):
+    """The resumed run's epochs log what the uninterrupted run's log, and
+    its batches what the same batches logged there (the last ones of the
+    resumed epoch)."""
+    with open(resumed) as f:
+        got = json.load(f)["logs"]
+    with open(reference) as f:
+        want = json.load(f)["logs"]
+    assert got["epochs"], "the resumed run logged no epoch"
+    for epoch, logs in got["epochs"].items():
+        assert logs == pytest.approx(want["epochs"][epoch], rel=1e-6, abs=1e-7)
+        batches = got["batches"][epoch]
+        tail = want["batches"][epoch][-len(batches) :]
+        assert len(batches) == len(tail)
+        for index, (g, w) in enumerate(zip(batches, tail)):
+            assert g == pytest.approx(w, rel=1e-6, abs=1e-7), (epoch, index)
 
 
 CASES = {
@@ -188,7 +214,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(
     name, tmp_path, tmp_path_factory
 ):
     config, workers = CASES[name]
-    reference, resumed = interrupted_and_uninterrupted(
+    reference, resumed, workers = interrupted_and_uninterrupted(
         tmp_path, tmp_path_factory, workers, **config
     )
     for index in range(workers or 1):
@@ -197,6 +223,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(
         assert len(got) == len(want)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+        assert_same_logs(f"{resumed}.{index}", f"{reference}.0")
 
 
 # SIGTERM: save on notice, exit 42, resume with the batches that were left.

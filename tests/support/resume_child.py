@@ -3,8 +3,9 @@
 Usage: python resume_child.py CONFIG_JSON
 
 CONFIG_JSON keys: model ("ctl" or "gan"), strategy ("default", "mirrored2"
-or "multiworker"), backup_dir, output (JSON written at the end: weights and
-the number of batches this run trained), callback ("keras_ctl" or "keras"),
+or "multiworker"), backup_dir, output (JSON written at the end: weights, the
+number of batches this run trained, the logs of each epoch and of each
+batch this run trained), callback ("keras_ctl" or "keras"),
 save_freq ("epoch" or an int), kill (null, or [epoch, batch] with batch -1
 meaning "right after the epoch's backup"), marker (a file: the kill happens
 only if it does not exist yet; it holds the time of the kill). Optional:
@@ -91,6 +92,25 @@ class Started(keras.callbacks.Callback):
             open(config["started"], "w").close()
 
 
+class EpochLogs(keras.callbacks.Callback):
+    """Each epoch's logs, and the logs of each batch this run trained."""
+
+    logs = {"epochs": {}, "batches": {}}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs["batches"].setdefault(str(self.epoch), []).append(_floats(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.logs["epochs"][str(epoch)] = _floats(logs)
+
+
+def _floats(logs):
+    return {name: float(value) for name, value in logs.items()}
+
+
 class CountBatches(keras.callbacks.Callback):
     batches = 0
 
@@ -139,7 +159,11 @@ backup_class = (
     if config["callback"] == "keras_ctl"
     else keras.callbacks.BackupAndRestore
 )
-callbacks = [CountBatches(), backup_class(config["backup_dir"], save_freq=save_freq)]
+callbacks = [
+    CountBatches(),
+    backup_class(config["backup_dir"], save_freq=save_freq),
+    EpochLogs(),
+]
 if config["kill"]:
     killer = KillOnce(*config["kill"], config["marker"])
     if config.get("signal"):
@@ -171,6 +195,7 @@ with open(f"{config['output']}.{index}", "w") as f:
         {
             "weights": [w.tolist() for w in model.get_weights()],
             "batches": CountBatches.batches,
+            "logs": EpochLogs.logs,
         },
         f,
     )
