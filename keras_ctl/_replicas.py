@@ -12,7 +12,10 @@ import contextlib
 import functools
 import threading
 
+import numpy as np
 import tensorflow as tf
+
+from keras_ctl import _topology
 
 # This thread's share of the global batch while code of the user's own (a
 # `train_step`, `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
@@ -263,3 +266,26 @@ def _dense_dtype(gradients):
         if not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating:
             return g.dtype
     return tf.float32
+
+
+def assign_whole(variable, value, strategy, add=False):
+    """Makes `variable` read `value` (its state plus `value`, if `add`)
+    across every replica and worker, exactly: a summed variable holds it in
+    the chief's first replica and zeros elsewhere (TensorFlow's own
+    cross-replica assign splits it evenly, value / R on each, whose sum
+    rounds); any other holds it everywhere. For restoring state written on
+    another topology."""
+    value = np.asarray(value)  # a list of Python floats is float64, not float32
+    components = strategy.experimental_local_results(variable)
+    topology = _topology.of(strategy)
+    summed = topology.replicas > 1 and variable.aggregation in (
+        tf.VariableAggregation.SUM,
+        "sum",
+    )
+    for index, component in enumerate(components):
+        whole = not summed or (index == 0 and topology.chief)
+        part = tf.cast(value if whole else np.zeros_like(value), component.dtype)
+        if add:
+            component.assign_add(part)
+        else:
+            component.assign(part)

@@ -210,6 +210,7 @@ class BackupAndRestore(keras.callbacks.Callback):
                 return
             with open(self._path(_METADATA)) as f:
                 metadata = json.load(f)
+        self._warn_if_random_on_another_count(metadata.get("replicas"))
         self._epoch = metadata["epoch"]
         self._skipped = metadata.get("batches_done", 0)
         steps = self.params.get("steps") if self.params else None
@@ -228,12 +229,31 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
                 self._metric_states = MetricStates(metadata.get("metrics", {}))
 
+    def _warn_if_random_on_another_count(self, saved_replicas):
+        """Each replica draws its own random numbers: a model that draws
+        them trains otherwise on another replica count."""
+        replicas = self.model.distribute_strategy.num_replicas_in_sync
+        if saved_replicas in (None, replicas) or not _draws_random(self.model):
+            return
+        warnings.warn(
+            f"The backup in {self.backup_dir} was written on {saved_replicas} "
+            f"replica(s); this run has {replicas}. The model draws random "
+            "numbers (a seed generator: Dropout, random augmentation, a "
+            "GAN's latents), and each replica draws its own, so the resumed "
+            "run will differ from the run the backup's topology would have "
+            f"finished. Resume on {saved_replicas} replica(s) to continue it "
+            "exactly.",
+            stacklevel=2,
+        )
+
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
         self._batches_done = self._skipped
         if self._metric_states is not None:
             # After Keras reset them for the epoch.
-            self._metric_states.restore(self.model.metrics, self.model.distribute_strategy)
+            self._metric_states.restore(
+                self.model.metrics, self.model.distribute_strategy
+            )
         if self._skipped:
             # The resumed epoch ends `_skipped` batches early, on purpose.
             self._quiet = warnings.catch_warnings()
@@ -258,7 +278,12 @@ class BackupAndRestore(keras.callbacks.Callback):
         state, and this batch's `logs` (seen by the callbacks after this
         one)."""
         states, self._metric_states = self._metric_states, None
-        if states.add_to_first_batch(self.model.metrics, self.model.distribute_strategy) and logs:
+        if (
+            states.add_to_first_batch(
+                self.model.metrics, self.model.distribute_strategy
+            )
+            and logs
+        ):
             results = self.model.get_metrics_result()
             logs.update({name: results[name] for name in logs if name in results})
 
@@ -291,7 +316,11 @@ class BackupAndRestore(keras.callbacks.Callback):
         if strategies.is_parameter_server(strategy):
             # Steps in flight on the workers would change what is saved.
             parameter_servers.coordinator(strategy).join()
-        metadata = {"epoch": self._epoch, "batches_done": self._batches_done}
+        metadata = {
+            "epoch": self._epoch,
+            "batches_done": self._batches_done,
+            "replicas": strategy.num_replicas_in_sync,
+        }
         if self._batches_done:
             # Read on every worker (a collective), kept by the chief.
             metadata["metrics"] = MetricStates.read(self.model.metrics)
@@ -352,6 +381,15 @@ def _build_optimizers(model):
     elif model.optimizer is not None and not model.optimizer.built:
         with model.distribute_strategy.scope():
             model.optimizer.build(model.trainable_variables)
+
+
+def _draws_random(model):
+    """Whether `model` or a layer of it holds a `keras.random.SeedGenerator`."""
+    return any(
+        isinstance(value, keras.random.SeedGenerator)
+        for layer in [model, *_keras.all_layers(model)]
+        for value in vars(layer).values()
+    )
 
 
 def _engine_of(model):

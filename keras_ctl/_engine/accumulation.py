@@ -26,6 +26,7 @@ import tensorflow as tf
 from keras_ctl import _keras
 from keras_ctl import _topology
 from keras_ctl._engine import update
+from keras_ctl._replicas import assign_whole
 from keras_ctl._replicas import sum_across_replicas
 
 MODES = ("micro_batches", "examples")
@@ -104,6 +105,7 @@ class GradientAccumulation:
         self.variables = list(variables)
         self.sums = [_local_zeros(v.shape, v.dtype) for v in self.variables]
         self.examples = _local_zeros((), tf.float32)
+        self.strategy = tf.distribute.get_strategy()  # built in its scope
         self.phase = None  # "accumulate" or "update", while tracing
 
     def run(self, run_step):
@@ -172,11 +174,11 @@ class GradientAccumulation:
         return float(self.examples.read_value())
 
     def load_from_optimizer(self, examples):
-        """After a backup loaded: the accumulators again, split evenly
-        across replicas (their sum is what counts)."""
+        """After a backup loaded: the accumulators again, whole on one
+        replica (their sum is what counts; split evenly, it rounds)."""
         for kept, own in zip(_keras.keras_accumulators(self.optimizer), self.sums):
-            own.assign(kept)
-        self.examples.assign(examples)
+            assign_whole(own, kept.value, self.strategy)
+        assign_whole(self.examples, float(examples), self.strategy)
 
 
 def _local_zeros(shape, dtype):

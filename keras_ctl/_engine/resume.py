@@ -2,10 +2,9 @@
 skip (`ResumePlan`) and the metrics' state (`MetricStates`)."""
 
 import numpy as np
-import tensorflow as tf
 
 from keras_ctl import _keras
-from keras_ctl import _topology
+from keras_ctl._replicas import assign_whole
 
 
 class ResumePlan:
@@ -86,16 +85,14 @@ class MetricStates:
 
     def restore(self, metrics, strategy):
         """Writes the saved state into the built `metrics`; keeps the rest
-        for `add_to_first_batch`."""
+        (a metric not built, or not yet listed) for `add_to_first_batch`."""
+        self._pending = dict(self._saved)
         for metric in metrics:
             values = self._saved.get(metric.name)
-            if values is None:
-                continue
-            if len(metric.variables) == len(values):
+            if values is not None and len(metric.variables) == len(values):
                 for variable, value in zip(metric.variables, values):
-                    _assign_whole(variable, value, strategy, add=False)
-            else:
-                self._pending[metric.name] = values
+                    assign_whole(variable.value, value, strategy)
+                del self._pending[metric.name]
 
     def add_to_first_batch(self, metrics, strategy):
         """Adds the saved state of the metrics built by the first step;
@@ -105,24 +102,7 @@ class MetricStates:
             values = self._pending.pop(metric.name, None)
             if values is not None and len(metric.variables) == len(values):
                 for variable, value in zip(metric.variables, values):
-                    _assign_whole(variable, value, strategy, add=True)
+                    assign_whole(variable.value, value, strategy, add=True)
                 added = True
         self._pending.clear()
         return added
-
-
-def _assign_whole(variable, value, strategy, add):
-    """Makes `variable` read `value` (plus its state, if `add`) across every
-    replica and worker: a summed variable holds it in the chief's first
-    replica and zeros elsewhere; any other holds it everywhere."""
-    components = strategy.experimental_local_results(variable.value)
-    topology = _topology.of(strategy)
-    summed = variable.aggregation == "sum" and topology.replicas > 1
-    for index, component in enumerate(components):
-        whole = index == 0 and topology.chief
-        part = np.asarray(value) if whole or not summed else np.zeros_like(value)
-        part = tf.cast(part, component.dtype)
-        if add:
-            component.assign_add(part)
-        else:
-            component.assign(part)

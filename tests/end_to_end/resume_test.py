@@ -79,9 +79,7 @@ def interrupted_and_uninterrupted(
     """Runs `config` killed, then again to its end: on the same topology, or
     on `then` (`{"strategy": ..., "workers": ...}`), when the reference is
     the uninterrupted run on one device. Returns both outputs' paths."""
-    reference_on = (
-        (config["strategy"], workers) if then is None else ("default", None)
-    )
+    reference_on = (config["strategy"], workers) if then is None else ("default", None)
     reference = uninterrupted(
         tmp_path_factory,
         config["model"],
@@ -207,6 +205,69 @@ CASES = {
         None,
     ),
 }
+
+
+# A backup resumed on another topology: the run ends as the uninterrupted
+# run on one device ends, and logs what it logs.
+MOVES = {
+    # name: (config, workers before, topology after)
+    "ctl_2_replicas_to_1_shuffled_arrays": (
+        {
+            "model": "ctl",
+            "strategy": "mirrored2",
+            "save_freq": 3,
+            "kill": [1, 4],
+            "shuffle": "arrays",
+        },
+        None,
+        {"strategy": "default"},
+    ),
+    "ctl_1_replica_to_2_workers": (
+        {"model": "ctl", "strategy": "default", "save_freq": 3, "kill": [1, 4]},
+        None,
+        {"strategy": "multiworker", "workers": 2},
+    ),
+    "ctl_2_workers_to_1_shuffled_pipeline": (
+        {
+            "model": "ctl",
+            "strategy": "multiworker",
+            "save_freq": 3,
+            "kill": [1, 4],
+            "shuffle": "dataset",
+        },
+        2,
+        {"strategy": "default"},
+    ),
+    "ctl_2_workers_to_2_replicas_of_1_worker": (
+        {"model": "ctl", "strategy": "multiworker", "save_freq": 3, "kill": [0, 7]},
+        2,
+        {"strategy": "mirrored2"},
+    ),
+    "ctl_accumulating_mid_group_2_replicas_to_1": (
+        {
+            "model": "ctl",
+            "strategy": "mirrored2",
+            "save_freq": 4,
+            "kill": [1, 6],
+            "accumulation": {"steps": 3, "mode": "examples"},
+        },
+        None,
+        {"strategy": "default"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MOVES))
+def test_a_backup_resumes_on_another_topology(name, tmp_path, tmp_path_factory):
+    config, workers, then = MOVES[name]
+    reference, resumed, workers = interrupted_and_uninterrupted(
+        tmp_path, tmp_path_factory, workers, then, **config
+    )
+    for index in range(workers or 1):
+        got = final_weights(f"{resumed}.{index}")
+        for g, w in zip(got, final_weights(f"{reference}.0"), strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-6, rtol=0)
+        assert_same_logs(f"{resumed}.{index}", f"{reference}.0")
 
 
 @pytest.mark.parametrize("name", list(CASES))
