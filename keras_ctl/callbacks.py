@@ -235,6 +235,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if saved_replicas in (None, replicas) or not _draws_random(self.model):
             return
+        if getattr(self.model, "_random_draws", None) == "as_one_device":
+            return
         warnings.warn(
             f"The backup in {self.backup_dir} was written on {saved_replicas} "
             f"replica(s); this run has {replicas}. The model draws random "
@@ -242,7 +244,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             "GAN's latents), and each replica draws its own, so the resumed "
             "run will differ from the run the backup's topology would have "
             f"finished. Resume on {saved_replicas} replica(s) to continue it "
-            "exactly.",
+            'exactly, or compile with `random_draws="as_one_device"` (each '
+            "example's numbers one device's, on any replica count).",
             stacklevel=2,
         )
 

@@ -104,8 +104,11 @@ class GAN(CTLModel):
             g_optimizer: Optimizer of the generator (instance or name).
             loss_fn: Loss of both phases, computed per example. Defaults to
                 `keras.losses.BinaryCrossentropy(from_logits=True)`.
-            **kwargs: Other `Model.compile()` options (`steps_per_execution`,
-                `jit_compile`, `run_eagerly`).
+            **kwargs: Other `CTLModel.compile()` options
+                (`steps_per_execution`, `jit_compile`, `run_eagerly`,
+                `random_draws`: with `"as_one_device"`, the latent vectors
+                and label noise of each example are one device's on any
+                replica count).
 
         Returns:
             `None`.
@@ -241,10 +244,7 @@ class GAN(CTLModel):
             :, None
         ]
         if self.label_noise:
-            noise = tf.random.stateless_uniform(
-                tf.shape(labels), seed=self._replica_seed()
-            )
-            labels += self.label_noise * noise
+            labels += self.label_noise * self._label_noise(tf.shape(weight)[0])
         weights = tf.concat([weight, weight], axis=0)
         variables = self.discriminator.trainable_weights
         with tf.GradientTape() as tape:
@@ -341,7 +341,24 @@ class GAN(CTLModel):
         if latents is not None:
             return latents[:, index]
         shape = tf.stack([tf.shape(real)[0], self.latent_dim])
+        if self._random_draws == "as_one_device":
+            return keras.random.normal(shape, seed=self.seed_generator)
         return tf.random.stateless_normal(shape, seed=self._replica_seed())
+
+    def _label_noise(self, rows):
+        """Uniform noise for the labels of `rows` generated, then `rows`
+        real examples: as one device draws it for them with
+        `compile(random_draws="as_one_device")` (a draw per half, each the
+        batch's rows), else this replica's own."""
+        if self._random_draws == "as_one_device":
+            halves = [
+                keras.random.uniform(
+                    (rows, 1), seed=self.seed_generator, dtype="float32"
+                )
+                for _ in range(2)
+            ]
+            return tf.cast(tf.concat(halves, axis=0), "float32")
+        return tf.random.stateless_uniform([2 * rows, 1], seed=self._replica_seed())
 
     def _replica_seed(self):
         """Next seed of the stream, different on every replica."""

@@ -32,6 +32,9 @@ from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 from keras_ctl._replicas import written_in_shares
 
+# `compile(random_draws=...)`: each replica's own numbers, or one device's.
+RANDOM_DRAWS = ("per_replica", "as_one_device")
+
 
 def _in_effect(method):
     """Runs `method` with keras_ctl's replacements of Keras in place
@@ -96,6 +99,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     # See `compile()`.
     _gradient_accumulation = "micro_batches"
     _compute_loss_over = "replica_batch"
+    _random_draws = "per_replica"
 
     # What `help(CTLModel)` shows. Not on `__init__`: Keras reads its
     # arguments from `__init__`'s own signature (`Operation.__new__`).
@@ -356,15 +360,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         keras.Model.compile,
         gradient_accumulation=(str, "micro_batches"),
         compute_loss_over=(str, "replica_batch"),
+        random_draws=(str, "per_replica"),
     )
     def compile(
         self,
         *args: Any,
         gradient_accumulation: str = "micro_batches",
         compute_loss_over: str = "replica_batch",
+        random_draws: str = "per_replica",
         **kwargs: Any,
     ) -> None:
-        """`keras.Model.compile`, with two more options.
+        """`keras.Model.compile`, with three more options.
 
         Every other argument is `keras.Model.compile()`'s, with its default.
 
@@ -387,6 +393,19 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 similarity matrix, a normalizer counted over the batch), at
                 the cost of the gather and of every replica computing the
                 whole loss. Keras's own `compute_loss` is exact either way.
+            random_draws: What the random numbers of a training step are
+                under several replicas: `"per_replica"` (default): each
+                replica draws its own; `"as_one_device"`: each example gets
+                the numbers one device draws for it (`Dropout`,
+                `GaussianNoise`, random augmentation layers, and
+                `keras.random.normal`, `uniform`, `truncated_normal` and
+                `randint` with a `SeedGenerator` seed, whose first
+                dimension is the batch), so a seeded run equals one device
+                on any replica count, and resumes on any. A draw whose
+                first dimension is not the replica's batch is one draw for
+                the batch, the one device draws. Costs one all-gather of
+                the replicas' batch sizes a step, and draws of up to the
+                global batch's rows.
 
         Returns:
             `None`.
@@ -405,6 +424,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         for name, value, choices in (
             ("gradient_accumulation", gradient_accumulation, accumulation.MODES),
             ("compute_loss_over", compute_loss_over, forward.COMPUTE_LOSS_OVER),
+            ("random_draws", random_draws, RANDOM_DRAWS),
         ):
             if value not in choices:
                 raise ValueError(
@@ -412,6 +432,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 )
         self._gradient_accumulation = gradient_accumulation
         self._compute_loss_over = compute_loss_over
+        self._random_draws = random_draws
         object.__setattr__(self, "_logged_metric_names", None)
         super().compile(*args, **kwargs)
 
@@ -421,6 +442,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             config["gradient_accumulation"] = self._gradient_accumulation
         if config and self._compute_loss_over != "replica_batch":
             config["compute_loss_over"] = self._compute_loss_over
+        if config and self._random_draws != "per_replica":
+            config["random_draws"] = self._random_draws
         return config
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
@@ -710,6 +733,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             reads_as_one_device=reads_as_one_device(
                 self, "train_step" if training else "test_step"
             ),
+            random_as_one_device=training and self._random_draws == "as_one_device",
         )
 
     def _builds_state_on_first_use(self):

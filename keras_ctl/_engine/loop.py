@@ -29,6 +29,7 @@ costs one collective per metric variable. Here every output follows
 collective for all the logs.
 """
 
+import contextlib
 import functools
 import weakref
 from typing import Callable
@@ -47,6 +48,7 @@ from keras_ctl._keras.iterators import DeferredIterator
 from keras_ctl._keras.iterators import next_batch
 from keras_ctl._keras.iterators import opened
 from keras_ctl._keras.iterators import replay_epochs
+from keras_ctl._replicas import rows_and_offset
 
 
 class StepParts(NamedTuple):
@@ -66,6 +68,9 @@ class StepParts(NamedTuple):
             use), so it must run eagerly under several replicas.
         reads_as_one_device: Whether the step is the user's own, read as
             one device's code (`own_step`).
+        random_as_one_device: Whether Keras's random draws of a batch's
+            rows draw one device's numbers for them
+            (`compile(random_draws="as_one_device")`).
     """
 
     strategy: tf.distribute.Strategy
@@ -74,6 +79,7 @@ class StepParts(NamedTuple):
     metrics: Callable[[], list]
     builds_on_first_use: Callable[[], bool]
     reads_as_one_device: bool = False
+    random_as_one_device: bool = False
 
 
 def make_step_function(parts, step, plan, training=False):
@@ -107,9 +113,16 @@ def make_step_function(parts, step, plan, training=False):
     # traced: `{key: (metric, entry)}`.
     results = {}
 
+    draws_as_one_device = parts.random_as_one_device and (
+        strategy.num_replicas_in_sync > 1
+    )
+
     def replica_step(data):
         data = _optionals_to_none(data)
-        with _keras.replica_step(written, stands_for_trace=for_trace[0]):
+        with (
+            _keras.replica_step(written, stands_for_trace=for_trace[0]),
+            _random_rows_as_one_device(data, draws_as_one_device),
+        ):
             with _keras.results_noted(parts.metrics()) as noted:
                 if parts.reads_as_one_device:
                     outputs = own_step.run_as_one_device(step, data)
@@ -421,6 +434,18 @@ class _ConcreteDispatch:
         outputs = traced(components, **tensors)
         self.concrete[spec] = traced.get_concrete_function(components, **tensors)
         return outputs
+
+
+@contextlib.contextmanager
+def _random_rows_as_one_device(data, as_one_device):
+    """Within it, this replica's random draws of its rows are one device's
+    (`_keras.draw_rows_as_one_device`), when `as_one_device`."""
+    if not as_one_device:
+        yield
+        return
+    rows = tf.shape([t for t in tree.flatten(data) if t is not None][0])[0]
+    with _keras.draw_rows_as_one_device(*rows_and_offset(rows)):
+        yield
 
 
 def make_predict_function(strategy, predict_step, plan):

@@ -58,6 +58,7 @@ from keras_ctl._keras.optimizers import keras_accumulators
 from keras_ctl._keras.optimizers import micro_batch_iterations
 from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
 from keras_ctl._keras.random import NeedsEagerStep
+from keras_ctl._keras.random import draw_rows_as_one_device
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
@@ -96,6 +97,7 @@ __all__ = [
     "compile_metrics",
     "count_micro_batch",
     "count_only_real_examples",
+    "draw_rows_as_one_device",
     "end_epoch_early",
     "examples_of_batch",
     "functional_init_arguments",

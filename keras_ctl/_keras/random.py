@@ -1,8 +1,11 @@
-"""Unseeded `keras.random` draws inside a replica step."""
+"""Random draws inside a replica step: unseeded draws, and draws made as
+one device makes them (`draw_rows_as_one_device`)."""
 
+import contextlib
 import threading
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from keras_ctl._keras import names
@@ -61,3 +64,125 @@ def per_replica_generators(original):
         return generator
 
     return global_seed_generator
+
+
+@contextlib.contextmanager
+def draw_rows_as_one_device(rows, offset):
+    """Within it (this replica step's thread), a Keras random draw whose
+    first dimension is this replica's `rows` draws the numbers one device
+    draws for those examples: the global batch's first `offset + rows` rows
+    with the step's seed (the same on every replica), of which it keeps its
+    own, the last `rows` (`offset`: the examples of the replicas before
+    this one). Other draws (one per batch) are one device's already: every
+    replica uses the seed one device uses."""
+    previous = getattr(_in_step, "random_rows", None)
+    _in_step.random_rows = (rows, offset)
+    try:
+        yield
+    finally:
+        _in_step.random_rows = previous
+
+
+def _rows_before(first):
+    """How many rows to draw before a draw whose first dimension is
+    `first`: this replica's offset when `first` is its rows, else 0; `None`
+    outside a step drawing as one device.
+
+    A first dimension written as a number (`keras.random.uniform((1,))`)
+    while the batch's size is known only when the step runs is one draw for
+    the batch, even on a replica holding that many examples."""
+    random_rows = getattr(_in_step, "random_rows", None)
+    if random_rows is None:
+        return None
+    rows, offset = random_rows
+    static_first, static_rows = _static(first), tf.get_static_value(rows)
+    if static_first is not None and (
+        static_rows is None or static_first != static_rows
+    ):
+        return tf.zeros_like(offset)
+    return tf.where(tf.equal(tf.cast(first, rows.dtype), rows), offset, 0)
+
+
+def _static(value):
+    """`value` as a Python int when known before the step runs, else `None`."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    static = tf.get_static_value(value)
+    return None if static is None else int(static)
+
+
+# Keras's random functions whose first argument is the output's shape.
+SHAPED = ("normal", "uniform", "truncated_normal", "randint")
+
+
+def shaped_as_one_device(original):
+    """`normal`, `uniform`, `truncated_normal` or `randint` of Keras's
+    TensorFlow backend, drawing as one device (`draw_rows_as_one_device`).
+
+    TensorFlow's stateless random ops fill an output from one counter-based
+    stream in row-major order, so the first rows of a larger draw are the
+    smaller draw: rows `offset:` of an `offset + rows` draw are the rows
+    one device draws for this replica's examples. The seed is drawn once,
+    by Keras's own function. Replaces the function in
+    `keras.src.backend.tensorflow.random` (checked on Keras 3.12.0 and
+    3.15.1).
+    """
+
+    def draw(shape, *args, **kwargs):
+        shape_tensor = _shape_tensor(shape)
+        if shape_tensor is None:
+            return original(shape, *args, **kwargs)
+        before = _rows_before(_first(shape, shape_tensor))
+        if before is None:
+            return original(shape, *args, **kwargs)
+        wider = tf.concat([[shape_tensor[0] + before], shape_tensor[1:]], 0)
+        return original(wider, *args, **kwargs)[before:]
+
+    return draw
+
+
+def dropout_as_one_device(original):
+    """Keras's TensorFlow `dropout`, drawing its mask as one device
+    (`shaped_as_one_device`): the inputs get `offset` rows of zeros in
+    front, dropped again after. Replaces
+    `keras.src.backend.tensorflow.random.dropout`."""
+
+    def dropout(inputs, rate, noise_shape=None, seed=None):
+        if getattr(_in_step, "random_rows", None) is None or inputs.shape.rank in (
+            None,
+            0,
+        ):
+            return original(inputs, rate, noise_shape=noise_shape, seed=seed)
+        rows = tf.shape(inputs)[0]
+        if noise_shape is not None and noise_shape[0] is not None:
+            rows = noise_shape[0]
+        before = _rows_before(rows)
+        padding = [[before, 0]] + [[0, 0]] * (inputs.shape.rank - 1)
+        wider = tf.pad(inputs, padding)
+        if noise_shape is not None and noise_shape[0] is not None:
+            noise_shape = (rows + before, *noise_shape[1:])
+        return original(wider, rate, noise_shape=noise_shape, seed=seed)[before:]
+
+    return dropout
+
+
+def _first(shape, shape_tensor):
+    """The first dimension of `shape`, a Python int where it is written as
+    one (converted to a tensor, it is no longer known statically)."""
+    if isinstance(shape, tf.TensorShape):
+        shape = shape.as_list()
+    if isinstance(shape, (list, tuple)) and _static(shape[0]) is not None:
+        return _static(shape[0])
+    return shape_tensor[0]
+
+
+def _shape_tensor(shape):
+    """`shape` as a 1-D int32 tensor, or `None` for a scalar's."""
+    if isinstance(shape, tf.TensorShape):
+        shape = shape.as_list()
+    if isinstance(shape, (list, tuple)) and not shape:
+        return None
+    tensor = tf.cast(tf.convert_to_tensor(shape), tf.int32)
+    if tensor.shape.rank != 1 or tensor.shape[0] == 0:
+        return None
+    return tensor

@@ -49,6 +49,10 @@ def _tf_nn():
     return names.module("keras.src.backend.tensorflow.nn")
 
 
+def _tf_random():
+    return names.module("keras.src.backend.tensorflow.random")
+
+
 def _tf_variable():
     return names.member("keras.src.backend.tensorflow.core", "Variable")
 
@@ -123,6 +127,23 @@ REPLACEMENTS = (
         random.per_replica_generators,
         "Keras keeps one global seed generator per thread, created on first "
         "use: each replica thread would create its own inside the trace",
+    ),
+    *(
+        Replacement(
+            _tf_random,
+            name,
+            random.shaped_as_one_device,
+            "Keras's random functions draw this replica's rows with the seed "
+            "every replica shares, so replicas repeat each other's numbers; "
+            "layers (`GaussianNoise`, augmentation) call them directly",
+        )
+        for name in random.SHAPED
+    ),
+    Replacement(
+        _tf_random,
+        "dropout",
+        random.dropout_as_one_device,
+        "as above, for `Dropout` and every layer's dropout",
     ),
     Replacement(
         _tf_function,
@@ -297,9 +318,7 @@ def _restore():
 
 def replaced():
     """`[(owner, name)]` of every attribute the table replaces in this Keras."""
-    return [
-        (owner, r.name) for r in REPLACEMENTS if (owner := r.owner()) is not None
-    ]
+    return [(owner, r.name) for r in REPLACEMENTS if (owner := r.owner()) is not None]
 
 
 @contextlib.contextmanager

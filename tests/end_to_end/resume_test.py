@@ -53,11 +53,18 @@ def child_config(folder, **config):
 
 
 def uninterrupted(
-    tmp_path_factory, model, strategy, workers, accumulation=None, shuffle=None
+    tmp_path_factory,
+    model,
+    strategy,
+    workers,
+    accumulation=None,
+    shuffle=None,
+    random_draws=None,
 ):
-    """The uninterrupted run of (model, strategy, accumulation, shuffle),
-    shared by the cases: the backup callback does not change training."""
-    key = (model, strategy, json.dumps(accumulation), shuffle)
+    """The uninterrupted run of (model, strategy, accumulation, shuffle,
+    random_draws), shared by the cases: the backup callback does not
+    change training."""
+    key = (model, strategy, json.dumps(accumulation), shuffle, random_draws)
     if key not in _REFERENCES:
         folder = tmp_path_factory.mktemp(f"reference_{model}_{strategy}")
         config = child_config(
@@ -66,6 +73,7 @@ def uninterrupted(
             strategy=strategy,
             accumulation=accumulation,
             shuffle=shuffle,
+            random_draws=random_draws,
         )
         code, log = run_child(config, workers)
         assert code == 0, log
@@ -87,6 +95,7 @@ def interrupted_and_uninterrupted(
         reference_on[1],
         config.get("accumulation"),
         config.get("shuffle"),
+        config.get("random_draws"),
     )
     resumed = child_config(tmp_path, **config)
     code, log = run_child(resumed, workers)
@@ -241,6 +250,19 @@ MOVES = {
     "ctl_2_workers_to_2_replicas_of_1_worker": (
         {"model": "ctl", "strategy": "multiworker", "save_freq": 3, "kill": [0, 7]},
         2,
+        {"strategy": "mirrored2"},
+    ),
+    # Its latents and label noise drawn as one device (per replica, a GAN
+    # resumed from 1 replica on 2 ends 3e-3 off).
+    "gan_drawing_as_one_device_1_replica_to_2": (
+        {
+            "model": "gan",
+            "strategy": "default",
+            "save_freq": 2,
+            "kill": [0, 2],
+            "random_draws": "as_one_device",
+        },
+        None,
         {"strategy": "mirrored2"},
     ),
     "ctl_accumulating_mid_group_2_replicas_to_1": (

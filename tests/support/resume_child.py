@@ -15,7 +15,8 @@ two SIGTERMs as it starts, once), progress (a file worker 0 writes at
 `kill` instead of killing: the test then signals the job from outside),
 accumulation ({"steps": k, "mode": ...}: gradient accumulation), shuffle
 ("arrays": Keras's `shuffle=True`; "dataset": a `tf.data` pipeline with
-`shuffle(256)` and no seed of its own; default: no shuffling), epochs
+`shuffle(256)` and no seed of its own; default: no shuffling),
+random_draws (the GAN's `compile(random_draws=...)`), epochs
 (default 3), started (a file written when this process's first batch ends:
 a parent may then kill the run at any moment of its training).
 """
@@ -138,6 +139,7 @@ with strategy.scope():
         model.compile(
             d_optimizer=keras.optimizers.Adam(3e-3),
             g_optimizer=keras.optimizers.Adam(4e-3),
+            random_draws=config.get("random_draws") or "per_replica",
         )
         data = {"x": cases.gan_data()[0]}
     else:

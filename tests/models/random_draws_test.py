@@ -1,0 +1,41 @@
+"""`compile(random_draws=...)` in this process: 2 replicas drawing as one
+device equal `keras.Model` on one device (float32); the option is checked
+and kept in the compile config (`random_draws.py`; 3 replicas, float64,
+the GAN and 2 workers: `tests/end_to_end/random_draws_test.py`)."""
+
+import devices
+import keras
+import pytest
+import random_draws
+
+import keras_ctl
+
+
+@pytest.mark.parametrize("case", ["dense_layers", "own_step"])
+def test_two_replicas_draw_as_one_device(case):
+    reference = random_draws.run(case, keras.Model, devices.get("default"))
+    mirrored = devices.get("mirrored")
+    got = random_draws.run(
+        case, keras_ctl.CTLModel, mirrored, random_draws="as_one_device"
+    )
+    assert random_draws.largest_difference(got, reference) <= 1e-5
+    own = random_draws.run(case, keras_ctl.CTLModel, mirrored)
+    assert random_draws.largest_difference(own, reference) > 1e-3
+
+
+def test_an_unknown_random_draws_is_refused_by_name():
+    model = random_draws.build(
+        "dense_layers", keras_ctl.CTLModel, devices.get("default")
+    )
+    with pytest.raises(ValueError, match="random_draws.*'one_device'"):
+        model.compile(loss="mse", random_draws="one_device")
+
+
+def test_the_option_is_kept_in_the_compile_config():
+    model = random_draws.build(
+        "dense_layers",
+        keras_ctl.CTLModel,
+        devices.get("default"),
+        random_draws="as_one_device",
+    )
+    assert model.get_compile_config()["random_draws"] == "as_one_device"
