@@ -284,8 +284,9 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
                 found.append(
                     (f"{type(model).__name__}.{method}", _own(model, method, batch))
                 )
+    draws_as_one_device = getattr(model, "_random_draws", None) == "as_one_device"
     for layer in _keras.all_layers(model):
-        why = _layer_difference(layer)
+        why = _layer_difference(layer, draws_as_one_device)
         if why:
             found.append((f"{layer.name} ({type(layer).__name__})", why))
     return found
@@ -403,7 +404,7 @@ def _measured_loss(model, batch):
     )
 
 
-def _layer_difference(layer):
+def _layer_difference(layer, draws_as_one_device=False):
     import keras
 
     if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
@@ -413,11 +414,11 @@ def _layer_difference(layer):
             "batch statistics of each replica's examples in training. Pass "
             "`synchronized=True` for the global batch's."
         )
-    if hasattr(layer, "seed_generator"):
+    if hasattr(layer, "seed_generator") and not draws_as_one_device:
         return (
             "random draws (dropout, noise, augmentation), made on each "
-            "replica: one device's cannot be reproduced. Compare with them "
-            "off (`rate=0`, or without the layer) and keep them for training."
+            'replica. Compile with `random_draws="as_one_device"` for one '
+            "device's numbers on any replica count."
         )
     if getattr(layer, "activity_regularizer", None) is not None:
         return (

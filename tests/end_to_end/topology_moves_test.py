@@ -3,8 +3,9 @@ each run, stopped at its drawn moment and resumed from its backup on its
 drawn replica count, ends as the uninterrupted one-device run ends
 (float64) and logs what it logs.
 
-Two rounds of one child per replica count: the runs up to their stop,
-then the resumed runs (and, on one replica, the uninterrupted ones)."""
+Two rounds of one child per replica count, each round's at once: the runs
+up to their stop, then the resumed runs (and, on one replica, the
+uninterrupted ones)."""
 
 import json
 
@@ -20,13 +21,24 @@ MOVES_DRAWN = topology_moves.draw(SEED, MOVES, replica_counts=(1, 2, 3))
 
 @pytest.fixture(scope="module")
 def resumed(tmp_path_factory):
+    """Runs the two rounds, each round's children at once; returns their
+    folder."""
     folder = tmp_path_factory.mktemp("moves")
     moves = folder / "moves.json"
     moves.write_text(json.dumps(MOVES_DRAWN))
     for phase in ("before", "after"):
-        for replicas in (1, 2, 3):
-            command = ["topology_moves_child.py", phase, replicas, moves, folder]
-            result = children.run([children.PYTHON, *command], timeout=CHILD_TIMEOUT_S)
+        running = [
+            children.start(
+                [children.PYTHON, "topology_moves_child.py", phase, r, moves, folder]
+            )
+            for r in (1, 2, 3)
+        ]
+        try:
+            finished = [children.finish(p, CHILD_TIMEOUT_S) for p in running]
+        finally:
+            for process in running:
+                children.stop(process)
+        for result in finished:
             assert result.returncode == 0, children.output(result)
     return folder
 

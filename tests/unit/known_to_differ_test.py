@@ -39,8 +39,15 @@ def test_each_known_difference_is_named_with_what_to_do():
         "noise (GaussianNoise)",
     }
     assert "synchronized=True" in found["bn (BatchNormalization)"]
-    assert "rate=0" in found["drop (Dropout)"]
+    assert 'random_draws="as_one_device"' in found["drop (Dropout)"]
     assert "weight regularizer" in found["active (Dense)"]
+
+
+def test_random_layers_drawing_as_one_device_are_not_named():
+    model = functional(keras_ctl.CTLModel)
+    model.compile(loss="mse", random_draws="as_one_device")
+    found = dict(known_to_differ(model))
+    assert set(found) == {"active (Dense)", "bn (BatchNormalization)"}
 
 
 def test_a_plain_keras_model_and_a_step_of_ones_own_are_named():
