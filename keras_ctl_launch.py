@@ -237,6 +237,20 @@ def launch_parameter_servers(
             process.wait()
 
 
+def _ends_with_the_launcher():
+    """In a worker, before it starts (Linux): SIGKILL when the launcher
+    dies. A launcher killed with SIGKILL (a preempted machine, an OOM
+    killer) cannot stop its workers, which are in groups of their own; left
+    running, they would keep training and writing the backup beside the
+    restarted job's workers."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def _start(command, env, prefix, out, lock):
     process = subprocess.Popen(
         command,
@@ -246,6 +260,7 @@ def _start(command, env, prefix, out, lock):
         text=True,
         bufsize=1,
         start_new_session=True,  # its own group, to stop its children too
+        preexec_fn=_ends_with_the_launcher,
     )
     threading.Thread(
         target=_stream, args=(process, prefix, out, lock), daemon=True

@@ -405,7 +405,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 first dimension is not the replica's batch is one draw for
                 the batch, the one device draws. Costs one all-gather of
                 the replicas' batch sizes a step, and draws of up to the
-                global batch's rows.
+                global batch's rows. Refused with `jit_compile=True`
+                under several replicas (XLA draws other numbers than
+                TensorFlow's kernels, and one device with XLA draws XLA's).
 
         Returns:
             `None`.
@@ -699,6 +701,22 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             self, _keras.strategy_created_under(self), _keras.strategy_of_variable
         )
 
+    def _check_random_draws_compile(self):
+        """XLA draws other numbers than TensorFlow's kernels (one device
+        with `jit_compile=True` draws XLA's), and a replica cannot draw the
+        global batch's rows inside its compiled pass."""
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if self._random_draws != "as_one_device" or replicas == 1:
+            return
+        raise ValueError(
+            'compile(random_draws="as_one_device") draws one device\'s random '
+            "numbers with TensorFlow's kernels; with XLA one device draws "
+            "XLA's, which a replica cannot draw for its rows. Received: "
+            f"jit_compile=True under {replicas} replicas. Pass "
+            "jit_compile=False to draw as one device, or random_draws="
+            '"per_replica" to keep XLA with each replica\'s own draws.'
+        )
+
     def _uses_default_loss(self):
         return type(self).compute_loss is CTLModel.compute_loss
 
@@ -712,6 +730,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             and not (training and self._engine.accumulation)
         )
         plan = StepPlan.for_model(self, compilable)
+        if training and self.jit_compile:
+            self._check_random_draws_compile()
         compiled_pass = None
         if plan.xla == "per_replica_pass":
             compiled_pass = forward.CompiledPass(self, training=training)

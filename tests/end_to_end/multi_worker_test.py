@@ -2,6 +2,8 @@
 127.0.0.1, started by `python -m keras_ctl.launch`, equal to one device."""
 
 import json
+import os
+import signal
 import time
 
 import cases
@@ -101,6 +103,48 @@ def test_launcher_stops_the_job_when_a_worker_is_killed():
     assert elapsed < 60
     assert "[worker 0] started 0 1" in result.stdout
     assert "[worker 1] started 1 1" in result.stdout
+
+
+def test_workers_end_with_a_launcher_killed_by_sigkill(tmp_path):
+    """A preempted machine's launcher gets SIGKILL and cannot stop its
+    workers: they end with it, and never write beside a restarted job."""
+    script = (
+        "import json, os, pathlib, time\n"
+        "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+        f"pathlib.Path({str(tmp_path)!r}, f'worker{{index}}').write_text("
+        "str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    command = [children.PYTHON, "-m", "keras_ctl.launch", "--workers", 2, "--"]
+    launcher = children.start([*command, children.PYTHON, "-c", script])
+    workers = []
+    try:
+        deadline = time.monotonic() + 60
+        pid_files = [tmp_path / "worker0", tmp_path / "worker1"]
+        while not all(f.exists() and f.read_text() for f in pid_files):
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.05)
+        workers = [int(f.read_text()) for f in pid_files]
+        os.kill(launcher.pid, signal.SIGKILL)  # the launcher only
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(pid) for pid in workers)
+    finally:
+        children.stop(launcher)
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid):
+    """Whether process `pid` runs (not ended, nor a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_launcher_passes_tf_config_and_succeeds():

@@ -60,6 +60,10 @@ OVERRIDES = (
     "steps_calling_super",  # train_step/test_step returning super()'s
     "keras_io_steps",  # steps of one's own updating self.metrics
 )
+# A seeded random layer after the hidden layer; CTLModel then draws as one
+# device (`compile(random_draws="as_one_device")`).
+RANDOM_LAYERS = ("none", "none", "dropout", "gaussian_noise", "gaussian_dropout")
+RANDOM_KINDS = ("mlp", "conv", "two_outputs")
 
 
 def draw(seed):
@@ -94,6 +98,8 @@ def draw(seed):
         "size": pick(SIZES),
         "validation": bool(rng.integers(2)),
         "override": pick(OVERRIDES),
+        # Drawn last: the keys above are what they were for every seed.
+        "random": pick(RANDOM_LAYERS) if kind in RANDOM_KINDS else "none",
     }
 
 
@@ -119,8 +125,9 @@ def _overridden(model_class, override):
     def metrics(self):
         return model_class.metrics.fget(self) + [self.seen]
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         loss = model_class.compute_loss(
             self, x, y, y_pred, sample_weight, training=training
         )
@@ -216,6 +223,7 @@ def _model(config, model_class):
         h = dense(6, activation="tanh", kernel_regularizer=keras.regularizers.l2(1e-3))(
             inputs
         )
+    h = _random_layer(config.get("random", "none"))(h)
     if kind == "two_outputs":
         outputs = {
             "a": dense(1, name="a")(h),
@@ -224,6 +232,16 @@ def _model(config, model_class):
     else:
         outputs = dense(units)(h)
     return model_class(inputs, outputs)
+
+
+def _random_layer(name):
+    layers = {
+        "none": lambda h: h,
+        "dropout": keras.layers.Dropout(0.3, seed=1),
+        "gaussian_noise": keras.layers.GaussianNoise(0.2, seed=2),
+        "gaussian_dropout": keras.layers.GaussianDropout(0.2, seed=3),
+    }
+    return layers[name]
 
 
 # What an `add_loss` model's layers add: a penalty on a weight; the mean over
@@ -380,6 +398,7 @@ def _run(config, model_class, strategy):
             metrics=metrics,
             steps_per_execution=config["steps_per_execution"],
             jit_compile=config["jit_compile"],
+            **_random_draws(config, model),
         )
     fit_kwargs = {"epochs": EPOCHS, "verbose": 0, "shuffle": False}
     class_weight = None
@@ -416,6 +435,15 @@ def _run(config, model_class, strategy):
         "evaluate_list": [np.asarray(as_list, "float64")],
         "metrics_names": list(model.metrics_names),
     }
+
+
+def _random_draws(config, model):
+    """One device's draws for a CTLModel with a random layer."""
+    if config.get("random", "none") == "none" or not isinstance(
+        model, keras_ctl.CTLModel
+    ):
+        return {}
+    return {"random_draws": "as_one_device"}
 
 
 def _head(y, n):
@@ -477,10 +505,10 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
         try:
             run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
         except ValueError as error:
-            if "gradient_accumulation_steps" in str(error):
+            if any(name in str(error) for name in REFUSED_OPTIONS):
                 return True, {}
             raise
-        return False, "trained instead of refusing gradient_accumulation_steps"
+        return False, f"trained instead of refusing one of {REFUSED_OPTIONS}"
     if expected is None:
         expected = run(config, keras.Model, floatx=floatx)
     actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
@@ -488,13 +516,20 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
     return max(found.values()) <= tolerance, found
 
 
+# The options a refusal names (`known_limit`).
+REFUSED_OPTIONS = ("gradient_accumulation_steps", "random_draws")
+
+
 def known_limit(config, replicas):
     """A documented limit of CTLModel on `replicas` replicas for `config`,
     or `None`; with several replicas and a `train_step` of one's own:
-    "refused", for `gradient_accumulation_steps` (a clear `ValueError`).
+    "refused", for `gradient_accumulation_steps`, and for a random layer
+    drawing as one device with XLA (each a clear `ValueError`).
     """
     if replicas == 1:
         return None
+    if config.get("random", "none") != "none" and config["jit_compile"]:
+        return "refused"
     override = config.get("override")
     if override not in ("keras_io_steps", "steps_calling_super"):
         return None

@@ -1,13 +1,18 @@
 """Kills one training run again and again, at random moments, with SIGKILL,
 restarting it each time from its backup (a backup after every batch), until
-a run ends; then compares the weights with an uninterrupted run's.
+a run ends; then compares the weights with an uninterrupted run's on one
+device.
 
 Usage: python kill_chain.py FOLDER [--kills N] [--seed S]
+    [--topologies default,mirrored2,workers2]
 
-Prints one JSON line: the kills made, how many of them left a backup write
-half done (a temporary file in the backup folder), and the largest
-difference from the uninterrupted run. A wrong pairing of weights and
-position at any restart would train some batches twice or not at all.
+Each start draws its topology from `--topologies` (default: one device):
+"default" (one device), "mirrored2" (2 replicas), "workers2" (2 worker
+processes, started by `keras_ctl.launch`). Prints one JSON line: the kills
+made, how many of them left a backup write half done (a temporary file in
+the backup folder), how many restarts changed the topology, and the
+largest difference from the uninterrupted run. A wrong pairing of weights
+and position at any restart would train some batches twice or not at all.
 """
 
 import argparse
@@ -42,8 +47,20 @@ def config(folder, **extra):
     }
 
 
-def command(run_config):
-    return [children.PYTHON, "resume_child.py", json.dumps(run_config)]
+TOPOLOGIES = {"default": ("default", None), "mirrored2": ("mirrored2", None)}
+TOPOLOGIES["workers2"] = ("multiworker", 2)
+
+
+def command(run_config, topology="default"):
+    strategy, workers = TOPOLOGIES[topology]
+    child = [
+        children.PYTHON,
+        "resume_child.py",
+        json.dumps({**run_config, "strategy": strategy}),
+    ]
+    if workers is None:
+        return child
+    return children.launched(workers, child, timeout=RUN_TIMEOUT_S)
 
 
 def weights(path):
@@ -51,12 +68,13 @@ def weights(path):
         return [np.array(w) for w in json.load(f)["weights"]]
 
 
-def killed_once(run_config, rng, started):
-    """Starts the run and SIGKILLs it at a random moment of its training;
-    returns `None`, or the finished run's result if it ended first."""
+def killed_once(run_config, rng, started, topology):
+    """Starts the run on `topology` and SIGKILLs it (its process group) at a
+    random moment of its training; returns `None`, or the finished run's
+    result if it ended first."""
     if started.exists():
         started.unlink()
-    process = children.start(command(run_config))
+    process = children.start(command(run_config, topology))
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not started.exists():
@@ -72,7 +90,7 @@ def killed_once(run_config, rng, started):
     return None
 
 
-def chain(folder, kills, seed):
+def chain(folder, kills, seed, topologies=("default",)):
     folder = pathlib.Path(folder)
     rng = random.Random(seed)
     reference = config(folder / "reference")
@@ -83,20 +101,29 @@ def chain(folder, kills, seed):
     (folder / "chain").mkdir()
     run_config = config(folder / "chain", started=str(folder / "chain" / "started"))
     backup = pathlib.Path(run_config["backup_dir"])
-    made = mid_write = 0
+    made = mid_write = changes = 0
+    topology = previous = rng.choice(topologies)
     while made < kills:
-        finished = killed_once(run_config, rng, pathlib.Path(run_config["started"]))
+        started = pathlib.Path(run_config["started"])
+        finished = killed_once(run_config, rng, started, topology)
         if finished is not None:
             break
         made += 1
         if backup.exists():
             mid_write += any("saving" in p.name for p in backup.iterdir())
+        previous, topology = topology, rng.choice(topologies)
+        changes += topology != previous
     if finished is None:
-        finished = children.run(command(run_config), timeout=RUN_TIMEOUT_S)
+        finished = children.run(command(run_config, topology), timeout=RUN_TIMEOUT_S)
     assert finished.returncode == 0, children.output(finished)
     got, want = weights(run_config["output"]), weights(reference["output"])
     largest = max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
-    return {"kills": made, "mid_write": mid_write, "largest_difference": largest}
+    return {
+        "kills": made,
+        "mid_write": mid_write,
+        "topology_changes": changes,
+        "largest_difference": largest,
+    }
 
 
 def main():
@@ -104,10 +131,18 @@ def main():
     parser.add_argument("folder")
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--topologies", default="default")
     args = parser.parse_args()
     if os.path.isdir(args.folder) and os.listdir(args.folder):
         sys.exit(f"Expected an empty folder. Received: folder={args.folder!r}.")
-    print(json.dumps(chain(args.folder, args.kills, args.seed)))
+    topologies = tuple(args.topologies.split(","))
+    unknown = [t for t in topologies if t not in TOPOLOGIES]
+    if unknown:
+        sys.exit(
+            f"Expected --topologies among {sorted(TOPOLOGIES)}. Received: "
+            f"--topologies={args.topologies!r}."
+        )
+    print(json.dumps(chain(args.folder, args.kills, args.seed, topologies)))
 
 
 if __name__ == "__main__":
