@@ -34,6 +34,11 @@ SAVED_ON_NOTICE = _preemption.SAVED_ON_NOTICE
 NOTICE_DEADLINE_S = 25.0
 
 
+class _OtherBatches(ValueError):
+    """A mid-epoch backup resumed with another number of batches an epoch:
+    its position would point elsewhere in the data."""
+
+
 class BackupAndRestore(keras.callbacks.Callback):
     """Backs up training state and resumes exactly where a killed run stopped.
 
@@ -162,6 +167,8 @@ class BackupAndRestore(keras.callbacks.Callback):
     def _restore_or_fall_back(self):
         try:
             self._restore()
+        except _OtherBatches:
+            raise
         except (OSError, ValueError) as error:
             previous = self._path(_WEIGHTS, previous=True)
             if not os.path.exists(previous):
@@ -214,6 +221,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self._epoch = metadata["epoch"]
         self._skipped = metadata.get("batches_done", 0)
         steps = self.params.get("steps") if self.params else None
+        self._check_same_batches(metadata.get("batches_per_epoch"), steps)
         if steps and self._skipped >= steps:
             # Killed after the backup of an epoch's last batch, before the
             # epoch's end: the next epoch starts (an epoch of no batch
@@ -228,6 +236,22 @@ class BackupAndRestore(keras.callbacks.Callback):
             if self._skipped:
                 self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
                 self._metric_states = MetricStates(metadata.get("metrics", {}))
+
+    def _check_same_batches(self, saved, steps):
+        """A mid-epoch backup's position counts batches: in batches of
+        another size it would point elsewhere in the data."""
+        if not self._skipped or None in (saved, steps) or saved == steps:
+            return
+        raise _OtherBatches(
+            f"Cannot resume the backup in {self.backup_dir} exactly: it was "
+            f"written {self._skipped} batches into an epoch of {saved} batches, "
+            f"and this run's epoch has {steps}, so its global batch differs "
+            "(for example a pipeline that batches `per_replica * "
+            "num_replicas_in_sync`, or another `batch_size`). Pass the global "
+            f"batch of the run that wrote it (an epoch of {saved} batches) to "
+            "resume it, or delete the folder (or pass another `backup_dir`) "
+            "to start over. The backup is left as it was."
+        )
 
     def _warn_if_random_on_another_count(self, saved_replicas):
         """Each replica draws its own random numbers: a model that draws
@@ -323,6 +347,7 @@ class BackupAndRestore(keras.callbacks.Callback):
             "epoch": self._epoch,
             "batches_done": self._batches_done,
             "replicas": strategy.num_replicas_in_sync,
+            "batches_per_epoch": self.params.get("steps") if self.params else None,
         }
         if self._batches_done:
             # Read on every worker (a collective), kept by the chief.

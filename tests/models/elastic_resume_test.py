@@ -73,3 +73,26 @@ def test_a_model_drawing_random_numbers_warns_when_resumed_on_another_count(tmp_
     assert "written on 1 replica(s); this run has 2" in message
     assert "Resume on 1 replica(s)" in message
     assert stopped_and_resumed(str(tmp_path / "same"), before=2, after=2) == []
+
+
+def test_a_mid_epoch_backup_resumed_in_batches_of_another_size_is_refused(tmp_path):
+    move = {
+        "name": "other_batches",
+        "family": "mlp",
+        "pipeline": "arrays",
+        "save_freq": 2,
+        "stop": [1, 2],
+    }
+    topology_moves.run_before(move, strategy(1), str(tmp_path))
+    backup = tmp_path / "other_batches" / "latest.weights.h5"
+    saved = backup.read_bytes()
+    x, y = topology_moves.data()
+    model = topology_moves.build("mlp", strategy(2))
+    callback = keras_ctl.callbacks.BackupAndRestore(
+        str(tmp_path / "other_batches"), save_freq=2, save_on_signals=()
+    )
+    with pytest.raises(
+        ValueError, match="epoch of 6 batches, and this run's epoch has 12"
+    ):
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[callback])
+    assert backup.read_bytes() == saved
