@@ -208,20 +208,17 @@ class BackupAndRestore(keras.callbacks.Callback):
                 f"unbuilt model {self.model.name!r}. Build it first, e.g. by "
                 "calling it on a batch or starting it with `keras.Input`."
             )
+        metadata = self._position()
+        steps = self.params.get("steps") if self.params else None
+        if metadata is not None:
+            self._check_same_batches(metadata, steps)
         _build_optimizers(self.model)
         self.model.load_weights(self._path(_WEIGHTS))
-        metadata = _metadata_inside(self._path(_WEIGHTS))
         if metadata is None:
-            # A backup of Keras's own callback: its position is beside it.
-            if not os.path.exists(self._path(_METADATA)):
-                return
-            with open(self._path(_METADATA)) as f:
-                metadata = json.load(f)
+            return
         self._warn_if_random_on_another_count(metadata.get("replicas"))
         self._epoch = metadata["epoch"]
         self._skipped = metadata.get("batches_done", 0)
-        steps = self.params.get("steps") if self.params else None
-        self._check_same_batches(metadata.get("batches_per_epoch"), steps)
         if steps and self._skipped >= steps:
             # Killed after the backup of an epoch's last batch, before the
             # epoch's end: the next epoch starts (an epoch of no batch
@@ -237,14 +234,27 @@ class BackupAndRestore(keras.callbacks.Callback):
                 self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
                 self._metric_states = MetricStates(metadata.get("metrics", {}))
 
-    def _check_same_batches(self, saved, steps):
+    def _position(self):
+        """The backup's metadata (its position), or `None` for a backup of
+        Keras's own callback written without one."""
+        metadata = _metadata_inside(self._path(_WEIGHTS))
+        if metadata is None and os.path.exists(self._path(_METADATA)):
+            # A backup of Keras's own callback: its position is beside it.
+            with open(self._path(_METADATA)) as f:
+                metadata = json.load(f)
+        return metadata
+
+    def _check_same_batches(self, metadata, steps):
         """A mid-epoch backup's position counts batches: in batches of
-        another size it would point elsewhere in the data."""
-        if not self._skipped or None in (saved, steps) or saved == steps:
+        another size it would point elsewhere in the data (checked before
+        anything is loaded)."""
+        done = metadata.get("batches_done", 0)
+        saved = metadata.get("batches_per_epoch")
+        if not done or None in (saved, steps) or saved == steps:
             return
         raise _OtherBatches(
             f"Cannot resume the backup in {self.backup_dir} exactly: it was "
-            f"written {self._skipped} batches into an epoch of {saved} batches, "
+            f"written {done} batches into an epoch of {saved} batches, "
             f"and this run's epoch has {steps}, so its global batch differs "
             "(for example a pipeline that batches `per_replica * "
             "num_replicas_in_sync`, or another `batch_size`). Pass the global "
@@ -305,12 +315,8 @@ class BackupAndRestore(keras.callbacks.Callback):
         state, and this batch's `logs` (seen by the callbacks after this
         one)."""
         states, self._metric_states = self._metric_states, None
-        if (
-            states.add_to_first_batch(
-                self.model.metrics, self.model.distribute_strategy
-            )
-            and logs
-        ):
+        strategy = self.model.distribute_strategy
+        if states.add_to_first_batch(self.model.metrics, strategy) and logs:
             results = self.model.get_metrics_result()
             logs.update({name: results[name] for name in logs if name in results})
 

@@ -96,9 +96,7 @@ def _rows_before(first):
         return None
     rows, offset = random_rows
     static_first, static_rows = _static(first), tf.get_static_value(rows)
-    if static_first is not None and (
-        static_rows is None or static_first != static_rows
-    ):
+    if static_first is not None and static_first != static_rows:
         return tf.zeros_like(offset)
     return tf.where(tf.equal(tf.cast(first, rows.dtype), rows), offset, 0)
 
@@ -148,16 +146,14 @@ def dropout_as_one_device(original):
     `keras.src.backend.tensorflow.random.dropout`."""
 
     def dropout(inputs, rate, noise_shape=None, seed=None):
-        if getattr(_in_step, "random_rows", None) is None or inputs.shape.rank in (
-            None,
-            0,
-        ):
+        rank = inputs.shape.rank
+        if getattr(_in_step, "random_rows", None) is None or not rank:
             return original(inputs, rate, noise_shape=noise_shape, seed=seed)
         rows = tf.shape(inputs)[0]
         if noise_shape is not None and noise_shape[0] is not None:
             rows = noise_shape[0]
         before = _rows_before(rows)
-        padding = [[before, 0]] + [[0, 0]] * (inputs.shape.rank - 1)
+        padding = [[before, 0]] + [[0, 0]] * (rank - 1)
         wider = tf.pad(inputs, padding)
         if noise_shape is not None and noise_shape[0] is not None:
             noise_shape = (rows + before, *noise_shape[1:])
