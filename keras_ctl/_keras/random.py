@@ -85,16 +85,13 @@ def draw_rows_as_one_device(rows, offset):
 
 def _rows_before(first):
     """How many rows to draw before a draw whose first dimension is
-    `first`: this replica's offset when `first` is its rows, else 0; `None`
-    outside a step drawing as one device.
+    `first`, in a step drawing as one device: this replica's offset when
+    `first` is its rows, else 0.
 
     A first dimension written as a number (`keras.random.uniform((1,))`)
     while the batch's size is known only when the step runs is one draw for
     the batch, even on a replica holding that many examples."""
-    random_rows = getattr(_in_step, "random_rows", None)
-    if random_rows is None:
-        return None
-    rows, offset = random_rows
+    rows, offset = _in_step.random_rows
     static_first, static_rows = _static(first), tf.get_static_value(rows)
     if static_first is not None and static_first != static_rows:
         return tf.zeros_like(offset)
@@ -127,12 +124,12 @@ def shaped_as_one_device(original):
     """
 
     def draw(shape, *args, **kwargs):
+        if getattr(_in_step, "random_rows", None) is None:
+            return original(shape, *args, **kwargs)
         shape_tensor = _shape_tensor(shape)
         if shape_tensor is None:
             return original(shape, *args, **kwargs)
         before = _rows_before(_first(shape, shape_tensor))
-        if before is None:
-            return original(shape, *args, **kwargs)
         wider = tf.concat([[shape_tensor[0] + before], shape_tensor[1:]], 0)
         return original(wider, *args, **kwargs)[before:]
 
