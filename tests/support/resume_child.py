@@ -5,7 +5,8 @@ Usage: python resume_child.py CONFIG_JSON
 CONFIG_JSON keys: model ("ctl" or "gan"), strategy ("default", "mirrored2"
 or "multiworker"), backup_dir, output (JSON written at the end: weights, the
 number of batches this run trained, the logs of each epoch and of each
-batch this run trained), callback ("keras_ctl" or "keras"),
+batch this run trained; and beside it, OUTPUT.<index>.csv, the rows of a
+`CSVLogger` appending across restarts), callback ("keras_ctl" or "keras"),
 save_freq ("epoch" or an int), kill (null, or [epoch, batch] with batch -1
 meaning "right after the epoch's backup"), marker (a file: the kill happens
 only if it does not exist yet; it holds the time of the kill). Optional:
@@ -161,10 +162,15 @@ backup_class = (
     if config["callback"] == "keras_ctl"
     else keras.callbacks.BackupAndRestore
 )
+index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"][
+    "index"
+]
 callbacks = [
     CountBatches(),
     backup_class(config["backup_dir"], save_freq=save_freq),
     EpochLogs(),
+    # One file across the restarts: a resumed run appends its epochs' rows.
+    keras.callbacks.CSVLogger(f"{config['output']}.{index}.csv", append=True),
 ]
 if config["kill"]:
     killer = KillOnce(*config["kill"], config["marker"])
@@ -189,9 +195,6 @@ model.fit(
     callbacks=callbacks,
 )
 
-index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"][
-    "index"
-]
 with open(f"{config['output']}.{index}", "w") as f:
     json.dump(
         {
