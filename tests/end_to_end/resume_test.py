@@ -175,21 +175,11 @@ CASES = {
 }
 
 
-# A backup resumed on another topology: the run ends as the uninterrupted
-# run on one device ends, and logs what it logs.
+# A backup resumed on another topology, killed for real: the run ends as
+# the uninterrupted run on one device ends, and logs what it logs (moves
+# between replica counts are the generated ones, `topology_moves_test.py`).
 MOVES = {
     # name: (config, workers before, topology after)
-    "ctl_2_replicas_to_1_shuffled_arrays": (
-        {
-            "model": "ctl",
-            "strategy": "mirrored2",
-            "save_freq": 3,
-            "kill": [1, 4],
-            "shuffle": "arrays",
-        },
-        None,
-        {"strategy": "default"},
-    ),
     "ctl_1_replica_to_2_workers": (
         {"model": "ctl", "strategy": "default", "save_freq": 3, "kill": [1, 4]},
         None,
@@ -223,17 +213,6 @@ MOVES = {
         },
         None,
         {"strategy": "mirrored2"},
-    ),
-    "ctl_accumulating_mid_group_2_replicas_to_1": (
-        {
-            "model": "ctl",
-            "strategy": "mirrored2",
-            "save_freq": 4,
-            "kill": [1, 6],
-            "accumulation": {"steps": 3, "mode": "examples"},
-        },
-        None,
-        {"strategy": "default"},
     ),
 }
 
