@@ -31,24 +31,23 @@ def test_an_unknown_random_draws_is_refused_by_name():
         model.compile(loss="mse", random_draws="one_device")
 
 
-def test_the_option_is_kept_in_the_compile_config():
-    model = random_draws.build(
+def drawing_as_one_device(strategy_kind, **compile_kwargs):
+    return random_draws.build(
         "dense_layers",
         keras_ctl.CTLModel,
-        devices.get("default"),
+        devices.get(strategy_kind),
         random_draws="as_one_device",
+        **compile_kwargs,
     )
+
+
+def test_the_option_is_kept_in_the_compile_config():
+    model = drawing_as_one_device("default")
     assert model.get_compile_config()["random_draws"] == "as_one_device"
 
 
 def test_drawing_as_one_device_with_xla_under_replicas_is_refused_by_name():
-    model = random_draws.build(
-        "dense_layers",
-        keras_ctl.CTLModel,
-        devices.get("mirrored"),
-        random_draws="as_one_device",
-        jit_compile=True,
-    )
+    model = drawing_as_one_device("mirrored", jit_compile=True)
     x, y = random_draws.data("dense_layers")
     with pytest.raises(ValueError, match="jit_compile=True under 2 replicas"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
