@@ -19,7 +19,8 @@ accumulation ({"steps": k, "mode": ...}: gradient accumulation), shuffle
 `shuffle(256)` and no seed of its own; default: no shuffling),
 random_draws (the GAN's `compile(random_draws=...)`), epochs
 (default 3), started (a file written when this process's first batch ends:
-a parent may then kill the run at any moment of its training).
+a parent may then kill the run at any moment of its training), floatx
+(e.g. "float64", before any model is built).
 """
 
 import json
@@ -48,6 +49,8 @@ import keras_ctl  # noqa: E402
 
 strategy = strategy or tf.distribute.get_strategy()
 EPOCHS = config.get("epochs", 3)
+if config.get("floatx"):
+    keras.config.set_floatx(config["floatx"])
 
 
 class KillOnce(keras.callbacks.Callback):
