@@ -21,6 +21,7 @@ from keras_ctl._engine.resume import MetricStates
 from keras_ctl._engine.resume import ResumePlan
 from keras_ctl._engine.state import EngineState
 from keras_ctl.model import CTLModel
+from keras_ctl.model import draws_as_one_device
 
 _WEIGHTS = "latest.weights.h5"
 _METADATA = "training_metadata.json"
@@ -269,7 +270,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if saved_replicas in (None, replicas) or not _draws_random(self.model):
             return
-        if getattr(self.model, "_random_draws", None) == "as_one_device":
+        if draws_as_one_device(self.model):
             return
         warnings.warn(
             f"The backup in {self.backup_dir} was written on {saved_replicas} "

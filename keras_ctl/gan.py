@@ -23,6 +23,7 @@ from keras_ctl import blocks
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.model import CTLModel
+from keras_ctl.model import draws_as_one_device
 
 
 @keras.saving.register_keras_serializable(package="keras_ctl")
@@ -341,7 +342,7 @@ class GAN(CTLModel):
         if latents is not None:
             return latents[:, index]
         shape = tf.stack([tf.shape(real)[0], self.latent_dim])
-        if self._random_draws == "as_one_device":
+        if draws_as_one_device(self):
             return keras.random.normal(shape, seed=self.seed_generator)
         return tf.random.stateless_normal(shape, seed=self._replica_seed())
 
@@ -350,7 +351,7 @@ class GAN(CTLModel):
         real examples: as one device draws it for them with
         `compile(random_draws="as_one_device")` (a draw per half, each the
         batch's rows), else this replica's own."""
-        if self._random_draws == "as_one_device":
+        if draws_as_one_device(self):
             halves = [
                 keras.random.uniform(
                     (rows, 1), seed=self.seed_generator, dtype="float32"

@@ -36,6 +36,12 @@ from keras_ctl._replicas import written_in_shares
 RANDOM_DRAWS = ("per_replica", "as_one_device")
 
 
+def draws_as_one_device(model):
+    """Whether `model` is a CTLModel compiled with
+    `random_draws="as_one_device"`."""
+    return getattr(model, "_random_draws", None) == "as_one_device"
+
+
 def _in_effect(method):
     """Runs `method` with keras_ctl's replacements of Keras in place
     (`_keras.in_effect`): they are Keras's own again when it returns or

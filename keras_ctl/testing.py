@@ -264,6 +264,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     """
     from keras_ctl import _keras
     from keras_ctl.model import CTLModel
+    from keras_ctl.model import draws_as_one_device
 
     found = []
     if not isinstance(model, CTLModel):
@@ -284,9 +285,9 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
                 found.append(
                     (f"{type(model).__name__}.{method}", _own(model, method, batch))
                 )
-    draws_as_one_device = getattr(model, "_random_draws", None) == "as_one_device"
+    as_one_device = draws_as_one_device(model)
     for layer in _keras.all_layers(model):
-        why = _layer_difference(layer, draws_as_one_device)
+        why = _layer_difference(layer, as_one_device)
         if why:
             found.append((f"{layer.name} ({type(layer).__name__})", why))
     return found
