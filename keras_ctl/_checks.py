@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from keras_ctl import _topology
+from keras_ctl.distribute import topology
 
 
 def positive_int(name, value):
@@ -61,7 +61,7 @@ def made_in_scope(model, created_under, strategy_of):
     objects", "Need to be inside `with strategy.scope()`") name neither the
     object nor the fix.
     """
-    if _topology.of(model.distribute_strategy).parameter_servers:
+    if topology.of(model.distribute_strategy).parameter_servers:
         return  # its variables live on the parameter servers
     created = [("The model's weights were", "the model", model.weights)]
     compiled = model.optimizers_and_variables() if model.compiled else []
@@ -93,8 +93,6 @@ def made_in_scope(model, created_under, strategy_of):
                 "(and every model inside it) is built and compiled, and its "
                 "optimizer created."
             )
-
-
 
 
 def batched(x, model):

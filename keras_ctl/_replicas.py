@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from keras_ctl import _topology
+from keras_ctl.distribute import topology
 
 # This thread's share of the global batch while code of the user's own (a
 # `train_step`, `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
@@ -277,13 +277,13 @@ def assign_whole(variable, value, strategy, add=False):
     another topology."""
     value = np.asarray(value)  # a list of Python floats is float64, not float32
     components = strategy.experimental_local_results(variable)
-    topology = _topology.of(strategy)
-    summed = topology.replicas > 1 and variable.aggregation in (
+    here = topology.of(strategy)
+    summed = here.replicas > 1 and variable.aggregation in (
         tf.VariableAggregation.SUM,
         "sum",
     )
     for index, component in enumerate(components):
-        whole = not summed or (index == 0 and topology.chief)
+        whole = not summed or (index == 0 and here.chief)
         part = tf.cast(value if whole else np.zeros_like(value), component.dtype)
         if add:
             component.assign_add(part)

@@ -12,16 +12,14 @@ from typing import Any
 import h5py
 import keras
 
-from keras_ctl import _chief_writes
 from keras_ctl import _keras
-from keras_ctl import _preemption
 from keras_ctl import strategies
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.resume import MetricStates
 from keras_ctl._engine.resume import ResumePlan
-from keras_ctl._engine.state import EngineState
-from keras_ctl.model import CTLModel
-from keras_ctl.model import draws_as_one_device
+from keras_ctl.distribute import chief_writes
+from keras_ctl.distribute import preemption
 
 _WEIGHTS = "latest.weights.h5"
 _METADATA = "training_metadata.json"
@@ -29,7 +27,7 @@ _PREVIOUS = ".bkp"  # suffix of the previous backup's files (Keras's names)
 # The attribute of the weights file that holds the backup's metadata.
 _METADATA_ATTRIBUTE = "keras_ctl_training_metadata"
 
-SAVED_ON_NOTICE = _preemption.SAVED_ON_NOTICE
+SAVED_ON_NOTICE = preemption.SAVED_ON_NOTICE
 # Seconds between a signal and the end of the step that saves on it; past
 # them (a hung step, or training ended by an error) the process just ends.
 NOTICE_DEADLINE_S = 25.0
@@ -139,7 +137,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint
         self.delete_checkpoint = delete_checkpoint
-        self.save_on_signals = _preemption.check_signal_names(save_on_signals)
+        self.save_on_signals = preemption.check_signal_names(save_on_signals)
         self._notice = None
         self._epoch = 0
         self._batches_done = 0  # in the current epoch, resumed batches included
@@ -154,7 +152,7 @@ class BackupAndRestore(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._restore_or_fall_back()
         if self.save_on_signals:
-            self._notice = _preemption.Notice(self.save_on_signals, NOTICE_DEADLINE_S)
+            self._notice = preemption.Notice(self.save_on_signals, NOTICE_DEADLINE_S)
             if not self._notice.install():
                 warnings.warn(
                     "BackupAndRestore saves on a signal only when `fit()` runs "
@@ -226,14 +224,15 @@ class BackupAndRestore(keras.callbacks.Callback):
             # would have no metric results, and fail).
             self._epoch, self._skipped = self._epoch + 1, 0
         _keras.set_initial_epoch(self.model, self._epoch)
-        accumulation = _engine_of(self.model).accumulation
-        if accumulation is not None:
-            accumulation.load_from_optimizer(metadata.get("accumulated_examples", 0))
-        if isinstance(self.model, CTLModel):
-            self.model._engine.epochs_to_replay = self._epoch
-            if self._skipped:
-                self.model._engine.resume_plan = ResumePlan(self._skipped, steps)
-                self._metric_states = MetricStates(metadata.get("metrics", {}))
+        engine = engine_state.of(self.model)
+        if engine.accumulation is not None:
+            engine.accumulation.load_from_optimizer(
+                metadata.get("accumulated_examples", 0)
+            )
+        engine.epochs_to_replay = self._epoch
+        if self._skipped:
+            engine.resume_plan = ResumePlan(self._skipped, steps)
+            self._metric_states = MetricStates(metadata.get("metrics", {}))
 
     def _position(self):
         """The backup's metadata (its position), or `None` for a backup of
@@ -270,7 +269,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if saved_replicas in (None, replicas) or not _draws_random(self.model):
             return
-        if draws_as_one_device(self.model):
+        if engine_state.of(self.model).draws_as_one_device:
             return
         warnings.warn(
             f"The backup in {self.backup_dir} was written on {saved_replicas} "
@@ -325,7 +324,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         """One process stops at once; workers stop after the step through
         which they shared the notice (a step all of them ran)."""
         if strategies.worker_count(self.model.distribute_strategy) > 1:
-            return _preemption.agreed()
+            return preemption.agreed()
         return self._notice.received is not None
 
     def _stop_on_notice(self):
@@ -359,13 +358,13 @@ class BackupAndRestore(keras.callbacks.Callback):
         if self._batches_done:
             # Read on every worker (a collective), kept by the chief.
             metadata["metrics"] = MetricStates.read(self.model.metrics)
-        accumulation = _engine_of(self.model).accumulation
+        accumulation = engine_state.of(self.model).accumulation
         if accumulation is not None:
             # Mid-way through accumulating: the partial sums are saved too.
             metadata["accumulated_examples"] = accumulation.save_into_optimizer()
         if not strategies.is_chief(strategy):
             # Every worker takes part in saving; only the chief's files stay.
-            with _chief_writes.path_for_this_worker(_WEIGHTS, strategy) as path:
+            with chief_writes.path_for_this_worker(_WEIGHTS, strategy) as path:
                 self.model.save_weights(path)
             return
         os.makedirs(self.backup_dir, exist_ok=True)
@@ -411,7 +410,7 @@ def _copy_whole(source, target):
 
 def _build_optimizers(model):
     """Creates every optimizer's variables so that a backup loads into them."""
-    if isinstance(model, CTLModel):
+    if hasattr(model, "build_optimizers"):  # a CTLModel: each optimizer
         model.build_optimizers()
     elif model.optimizer is not None and not model.optimizer.built:
         with model.distribute_strategy.scope():
@@ -425,8 +424,3 @@ def _draws_random(model):
         for layer in [model, *_keras.all_layers(model)]
         for value in vars(layer).values()
     )
-
-
-def _engine_of(model):
-    """The model's `EngineState`; an empty one for a plain `keras.Model`."""
-    return model._engine if isinstance(model, CTLModel) else EngineState()

@@ -13,33 +13,28 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _checks
-from keras_ctl import _chief_writes
 from keras_ctl import _conversion
 from keras_ctl import _keras
 from keras_ctl import _signature
-from keras_ctl import _topology
 from keras_ctl import blocks
 from keras_ctl import strategies
 from keras_ctl._engine import accumulation
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
-from keras_ctl._engine.state import EngineState
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 from keras_ctl._replicas import written_in_shares
+from keras_ctl.callbacks import BackupAndRestore
+from keras_ctl.distribute import chief_writes
+from keras_ctl.distribute import topology
 
 # `compile(random_draws=...)`: each replica's own numbers, or one device's.
 RANDOM_DRAWS = ("per_replica", "as_one_device")
-
-
-def draws_as_one_device(model):
-    """Whether `model` is a CTLModel compiled with
-    `random_draws="as_one_device"`."""
-    return getattr(model, "_random_draws", None) == "as_one_device"
 
 
 def _in_effect(method):
@@ -105,7 +100,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     # See `compile()`.
     _gradient_accumulation = "micro_batches"
     _compute_loss_over = "replica_batch"
-    _random_draws = "per_replica"
 
     # What `help(CTLModel)` shows. Not on `__init__`: Keras reads its
     # arguments from `__init__`'s own signature (`Operation.__new__`).
@@ -440,7 +434,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 )
         self._gradient_accumulation = gradient_accumulation
         self._compute_loss_over = compute_loss_over
-        self._random_draws = random_draws
+        self._engine.random_draws = random_draws
         object.__setattr__(self, "_logged_metric_names", None)
         super().compile(*args, **kwargs)
 
@@ -450,8 +444,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             config["gradient_accumulation"] = self._gradient_accumulation
         if config and self._compute_loss_over != "replica_batch":
             config["compute_loss_over"] = self._compute_loss_over
-        if config and self._random_draws != "per_replica":
-            config["random_draws"] = self._random_draws
+        if config and self._engine.random_draws != "per_replica":
+            config["random_draws"] = self._engine.random_draws
         return config
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
@@ -509,14 +503,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self._check_made_in_scope()
         # Under several workers only the chief writes the user's files and,
         # unless `verbose` is given, prints the progress bar.
-        if _chief_writes.writes_aside(strategy) and len(args) < 3:
+        if chief_writes.writes_aside(strategy) and len(args) < 3:
             kwargs.setdefault("verbose", 0)
         callbacks = kwargs.get("callbacks")
         if callbacks is not None:
-            kwargs["callbacks"] = _chief_writes.with_chief_only_backups(
-                callbacks, strategy
+            kwargs["callbacks"] = chief_writes.with_chief_only_backups(
+                callbacks, strategy, BackupAndRestore
             )
-        with _chief_writes.callbacks_write_aside(callbacks, strategy):
+        with chief_writes.callbacks_write_aside(callbacks, strategy):
             return super().fit(x, y, *args, **kwargs)
 
     @_signature.keras_signature(keras.Model.save)
@@ -539,7 +533,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         restored = keras.models.load_model("model.keras")  # a CTLModel
         ```
         """
-        with _chief_writes.path_for_this_worker(
+        with chief_writes.path_for_this_worker(
             filepath, self.distribute_strategy
         ) as path:
             return super().save(path, *args, **kwargs)
@@ -564,7 +558,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         model.save_weights("model.weights.h5")
         ```
         """
-        with _chief_writes.path_for_this_worker(
+        with chief_writes.path_for_this_worker(
             filepath, self.distribute_strategy
         ) as path:
             return super().save_weights(path, *args, **kwargs)
@@ -695,12 +689,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     @property
     def _engine(self):
         """What the step engine keeps for this model between calls."""
-        state = self.__dict__.get("_engine_state")
-        if state is None:
-            # Set past Keras's attribute tracking: engine state, not model
-            # state (nothing of it is saved).
-            state = self.__dict__["_engine_state"] = EngineState()
-        return state
+        return engine_state.attach(self)
 
     def _check_made_in_scope(self):
         _checks.made_in_scope(
@@ -712,7 +701,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         with `jit_compile=True` draws XLA's), and a replica cannot draw the
         global batch's rows inside its compiled pass."""
         replicas = self.distribute_strategy.num_replicas_in_sync
-        if self._random_draws != "as_one_device" or replicas == 1:
+        if not self._engine.draws_as_one_device or replicas == 1:
             return
         raise ValueError(
             'compile(random_draws="as_one_device") draws one device\'s random '
@@ -759,7 +748,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             reads_as_one_device=reads_as_one_device(
                 self, "train_step" if training else "test_step"
             ),
-            random_as_one_device=training and self._random_draws == "as_one_device",
+            random_as_one_device=training and self._engine.draws_as_one_device,
         )
 
     def _builds_state_on_first_use(self):
@@ -818,7 +807,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         if blocks.num_replicas() == 1:
             update()
-        elif _topology.of(self.distribute_strategy).one_copy:
+        elif topology.of(self.distribute_strategy).one_copy:
             # A padded replica updates with no example (a `tf.cond` cannot
             # hold the `merge_call` of these variables' updates).
             real = tf.cast(shares.local_batch_size, tf.int32)

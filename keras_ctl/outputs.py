@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from keras_ctl import _topology
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import weighed_by_fraction
+from keras_ctl.distribute import topology
 
 
 class ReplicaSum(NamedTuple):
@@ -181,7 +181,7 @@ def _metric_results(outputs, metrics, results, batch):
         if named:
             entries.setdefault(id(metric), (metric, {}))[1].update(named)
             wanted -= set(named)
-    central = _topology.of().one_copy
+    central = topology.of().one_copy
     finishers = {}
     for metric, keys in entries.values():
         result = _state_result(metric, batch, central)

@@ -10,7 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_ctl import _checks
-from keras_ctl import _topology
+from keras_ctl.distribute import topology
 
 
 def local_mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
@@ -155,7 +155,7 @@ def is_parameter_server(strategy: tf.distribute.Strategy | None = None) -> bool:
         model.fit(x, y, validation_split=0.1)  # not taken with parameter servers
     ```
     """
-    return _topology.of(strategy).parameter_servers
+    return topology.of(strategy).parameter_servers
 
 
 def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
@@ -179,7 +179,7 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
     model.save(path)
     ```
     """
-    return _topology.of(strategy).chief
+    return topology.of(strategy).chief
 
 
 def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
@@ -201,7 +201,7 @@ def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
         print("training across processes")
     ```
     """
-    return _topology.of(strategy).workers
+    return topology.of(strategy).workers
 
 
 def task_index() -> int:

@@ -263,8 +263,8 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     ```
     """
     from keras_ctl import _keras
+    from keras_ctl._engine import state as engine_state
     from keras_ctl.model import CTLModel
-    from keras_ctl.model import draws_as_one_device
 
     found = []
     if not isinstance(model, CTLModel):
@@ -285,7 +285,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
                 found.append(
                     (f"{type(model).__name__}.{method}", _own(model, method, batch))
                 )
-    as_one_device = draws_as_one_device(model)
+    as_one_device = engine_state.of(model).draws_as_one_device
     for layer in _keras.all_layers(model):
         why = _layer_difference(layer, as_one_device)
         if why:

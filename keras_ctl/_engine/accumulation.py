@@ -24,10 +24,10 @@ examples, which its loss is divided by).
 import tensorflow as tf
 
 from keras_ctl import _keras
-from keras_ctl import _topology
 from keras_ctl._engine import update
 from keras_ctl._replicas import assign_whole
 from keras_ctl._replicas import sum_across_replicas
+from keras_ctl.distribute import topology
 
 MODES = ("micro_batches", "examples")
 
@@ -60,7 +60,7 @@ def for_model(model, default_step):
         problem = f"a {type(optimizer).__name__}"
     elif optimizer.use_ema:
         problem = "`use_ema=True`"
-    elif _topology.of(strategy).one_copy:
+    elif topology.of(strategy).one_copy:
         problem = type(strategy).__name__
     elif not variables:
         problem = "no trainable weights yet (build the model before `fit()`)"

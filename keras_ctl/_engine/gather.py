@@ -4,11 +4,11 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
-from keras_ctl import _topology
+from keras_ctl.distribute import topology
 
 UNEQUAL_ROWS_ON_TPU = (
     "Expected a strategy whose replicas may hold different numbers of rows "
-    "for `keras_ctl.all_gather` and `compute_loss_over=\"global_batch\"`. "
+    'for `keras_ctl.all_gather` and `compute_loss_over="global_batch"`. '
     "Received: a TPUStrategy, where XLA needs one shape on every replica and "
     "a replica without examples leaves its placeholder row out. Feed static "
     "batches (padded to whole global batches with sample weight 0, "
@@ -27,7 +27,7 @@ def global_batch(structure):
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return structure
-    if _topology.needs_equal_shapes(context.strategy):
+    if topology.needs_equal_shapes(context.strategy):
         raise ValueError(UNEQUAL_ROWS_ON_TPU)
     return tree.map_structure(
         lambda leaf: _rows_of_every_replica(context, leaf), structure
@@ -51,7 +51,7 @@ def row_offset(values):
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return tf.constant(0, tf.int32)
-    if _topology.needs_equal_shapes(context.strategy):
+    if topology.needs_equal_shapes(context.strategy):
         raise ValueError(UNEQUAL_ROWS_ON_TPU)
     rows = tf.shape(_keras.without_placeholder(values))[:1]
     counts = context.all_gather(rows, axis=0)

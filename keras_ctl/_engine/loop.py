@@ -39,8 +39,6 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
-from keras_ctl import _preemption
-from keras_ctl import _topology
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import errors
 from keras_ctl._engine import own_step
@@ -49,6 +47,8 @@ from keras_ctl._keras.iterators import next_batch
 from keras_ctl._keras.iterators import opened
 from keras_ctl._keras.iterators import replay_epochs
 from keras_ctl._replicas import rows_and_offset
+from keras_ctl.distribute import preemption
+from keras_ctl.distribute import topology
 
 
 class StepParts(NamedTuple):
@@ -100,8 +100,8 @@ def make_step_function(parts, step, plan, training=False):
     engine = parts.state
     # Workers share a preemption notice through the logs' all-reduce.
     notice = None
-    if _topology.of(strategy).workers > 1:
-        notice = _preemption.notice_variable()
+    if topology.of(strategy).workers > 1:
+        notice = preemption.notice_variable()
 
     # The variables the step assigns, noted as it is traced: the logs
     # re-read only the metrics it updated.
@@ -152,7 +152,7 @@ def make_step_function(parts, step, plan, training=False):
         outputs, fraction = own_step.logs_and_fraction(outputs)
         if notice is not None and isinstance(outputs, dict):
             shared = outputs_module.ReplicaSum(notice.read_value())
-            outputs = {**outputs, _preemption.NOTICE_LOG: shared}
+            outputs = {**outputs, preemption.NOTICE_LOG: shared}
         updates_done = [tf.identity(o.iterations) for o in parts.optimizers()]
         with tf.control_dependencies(updates_done):
             updated = _keras.updated_metrics(parts.metrics(), written)
@@ -276,7 +276,7 @@ def make_step_function(parts, step, plan, training=False):
             else:
                 resume.before_call(iterator, steps_per_execution)
         if notice is not None:
-            _preemption.before_step()
+            preemption.before_step()
         deferred = iterator
         iterator = opened(iterator)
         if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
@@ -307,11 +307,11 @@ def make_step_function(parts, step, plan, training=False):
                 logs = _explaining_errors(eager, iterator)
             if count is not None:
                 deferred.took(count)
-            return _preemption.after_step(logs)
+            return preemption.after_step(logs)
         # `train_on_batch` and friends pass a plain Python iterator.
         for data in iterator:
             logs = _explaining_errors(one_step, data)
-        return _preemption.after_step(logs)
+        return preemption.after_step(logs)
 
     scheduled = {}
 

@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl._engine import state as engine_state
 
 _coordinators = {}
 _lock = threading.Lock()
@@ -231,10 +232,11 @@ def _repeated(dataset):
 
 def _skipped_steps(model):
     """Steps a resumed epoch already trained (`BackupAndRestore`)."""
-    plan = model._engine.resume_plan
+    engine = engine_state.of(model)
+    plan = engine.resume_plan
     if plan is None:
         return 0
-    model._engine.resume_plan = None
+    engine.resume_plan = None
     return plan.batches_done
 
 

@@ -1,33 +1,65 @@
 """`EngineState`: what the step engine keeps for one model between calls."""
 
+from __future__ import annotations
+
 import dataclasses
+import weakref
+from typing import TYPE_CHECKING
+from typing import Any
+
+if TYPE_CHECKING:
+    from keras_ctl._engine.accumulation import GradientAccumulation
+    from keras_ctl._engine.forward import CompiledPass
+    from keras_ctl._engine.resume import ResumePlan
 
 
 @dataclasses.dataclass
 class EngineState:
     """The engine's state for one model, in one place.
 
-    `CTLModel` holds one (`CTLModel._engine`); the step functions and
-    `keras_ctl.callbacks.BackupAndRestore` read and write it there, and
-    nowhere else.
+    The engine keeps it beside the model (`of(model)`), not in it: the step
+    functions, `CTLModel` and `keras_ctl.callbacks.BackupAndRestore` read
+    and write it there, and nothing of it is saved with the model.
 
     Attributes:
+        random_draws: `compile(random_draws=...)`: `"per_replica"` or
+            `"as_one_device"`.
         accumulation: The train step's gradient accumulation
             (`accumulation.for_model`), or `None`.
-        resume_plan: The batches of a resumed epoch to skip (`ResumePlan`),
-            set when a mid-epoch backup is restored and cleared when that
-            epoch is over, or `None`.
+        resume_plan: The batches of a resumed epoch to skip, set when a
+            mid-epoch backup is restored and cleared when that epoch is
+            over, or `None`.
         epochs_to_replay: Epochs of data a resumed run opens and drops
             before its first epoch (`_keras.replay_epochs`), set when a
             backup is restored: the epochs trained before it; `None` when
             not resuming.
-        train_pass: Each replica's XLA-compiled training pass
-            (`forward.CompiledPass`), when the step plan uses one.
+        train_pass: Each replica's XLA-compiled training pass, when the
+            step plan uses one.
         test_pass: The same for evaluation.
     """
 
-    accumulation: object = None
-    resume_plan: object = None
-    epochs_to_replay: object = None
-    train_pass: object = None
-    test_pass: object = None
+    random_draws: str = "per_replica"
+    accumulation: GradientAccumulation | None = None
+    resume_plan: ResumePlan | None = None
+    epochs_to_replay: int | None = None
+    train_pass: CompiledPass | None = None
+    test_pass: CompiledPass | None = None
+
+    @property
+    def draws_as_one_device(self) -> bool:
+        return self.random_draws == "as_one_device"
+
+
+_STATES: weakref.WeakKeyDictionary[Any, EngineState] = weakref.WeakKeyDictionary()
+
+
+def of(model: Any) -> EngineState:
+    """`model`'s engine state: a CTLModel's own (`attach`), or, for any
+    other model, a new empty one (what no keras_ctl step uses)."""
+    return _STATES.get(model) or EngineState()
+
+
+def attach(model: Any) -> EngineState:
+    """`model`'s engine state, made on first use: it lives as long as the
+    model does."""
+    return _STATES.setdefault(model, EngineState())

@@ -7,6 +7,7 @@ import tensorflow as tf
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.state import record_write
+from keras_ctl.distribute import topology
 
 
 def write_records(original):
@@ -39,8 +40,9 @@ def atomic_update(original, native):
 
     def update(self, value):
         record_write(self)
-        if not getattr(_in_step, "active", False) or not isinstance(
-            tf.distribute.get_strategy(), tf.distribute.ParameterServerStrategy
+        if (
+            not getattr(_in_step, "active", False)
+            or not topology.of().parameter_servers
         ):
             return original(self, value)
         variable = self.value

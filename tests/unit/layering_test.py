@@ -1,5 +1,7 @@
 """Imports run downward only: ground floor, seam, typed outputs, engine,
-public modules, applications (ARCHITECTURE.md)."""
+public modules, applications (ARCHITECTURE.md); and no module of the
+package imports itself back through others, at any depth, within a layer
+too."""
 
 import ast
 import pathlib
@@ -12,9 +14,8 @@ LAYERS = [
         "ground",
         (
             "_replicas",
-            "_topology",
+            "distribute",
             "_checks",
-            "_preemption",
             "_compat",
             "_signature",
             "_own_code",
@@ -63,3 +64,77 @@ def test_no_import_runs_upward():
             if layer_of(imported) > layer_of(module):
                 upward.append(f"{module} -> {imported}")
     assert upward == []
+
+
+def module_graph():
+    """`{module: modules it imports}` over the package, a package's
+    `__init__` named by the package (`_keras`), function-local imports
+    included."""
+    graph = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[module] = set(imported_names(path))
+    known = set(graph)
+    for module, edges in graph.items():
+        graph[module] = {_resolve(e, known) for e in edges} - {None, module}
+    return graph
+
+
+def imported_names(path):
+    """What `path` imports from the package, each as `module.name` (`from
+    keras_ctl.a import b` gives `a.b`: module `a.b` if there is one, else
+    a name of module `a`)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "keras_ctl" or node.module.startswith("keras_ctl."):
+                prefix = node.module.removeprefix("keras_ctl").lstrip(".")
+                for alias in node.names:
+                    yield f"{prefix}.{alias.name}".lstrip(".")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("keras_ctl."):
+                    yield alias.name.removeprefix("keras_ctl.")
+
+
+def _resolve(name, known):
+    """The longest module of `known` that `name` is or lies in."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def cycles(graph):
+    """Each set of modules that import one another (Tarjan's strongly
+    connected components of more than one module)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = set()
+            while not component or node not in component:
+                component.add(stack.pop())
+            on_stack.difference_update(component)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle():
+    graph = module_graph()
+    # The package's surface re-exports everything; nothing imports it back.
+    graph.pop("", None)
+    assert cycles(graph) == []

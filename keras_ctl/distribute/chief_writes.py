@@ -13,7 +13,7 @@ import tempfile
 
 import keras
 
-from keras_ctl import _topology
+from keras_ctl.distribute import topology
 
 # Callbacks that write files of their own, and the attribute naming where.
 _PATH_ATTRIBUTES = (
@@ -24,8 +24,8 @@ _PATH_ATTRIBUTES = (
 
 def writes_aside(strategy):
     """Whether this process writes aside: a worker other than the chief."""
-    topology = _topology.of(strategy)
-    return topology.workers > 1 and not topology.chief
+    here = topology.of(strategy)
+    return here.workers > 1 and not here.chief
 
 
 @contextlib.contextmanager
@@ -39,20 +39,17 @@ def path_for_this_worker(path, strategy):
         yield os.path.join(folder, os.path.basename(os.path.normpath(str(path))))
 
 
-def with_chief_only_backups(callbacks, strategy):
+def with_chief_only_backups(callbacks, strategy, chief_only_backup):
     """`callbacks`, with each `keras.callbacks.BackupAndRestore` replaced
-    under several workers by `keras_ctl.callbacks.BackupAndRestore` with
-    the same arguments: it reads and writes the same files, every worker
-    restores from `backup_dir` and only the chief writes there (Keras's own
-    would have every worker write the same files at once)."""
-    if callbacks is None or _topology.of(strategy).workers == 1:
+    under several workers by `chief_only_backup` (keras_ctl's
+    `BackupAndRestore`) with the same arguments: it reads and writes the
+    same files, every worker restores from `backup_dir` and only the chief
+    writes there (Keras's own would have every worker write the same files
+    at once)."""
+    if callbacks is None or topology.of(strategy).workers == 1:
         return callbacks
-    # Imported here: `keras_ctl.callbacks` imports the model module, which
-    # imports this one.
-    from keras_ctl.callbacks import BackupAndRestore
-
     return [
-        BackupAndRestore(
+        chief_only_backup(
             c.backup_dir,
             save_freq=c.save_freq,
             double_checkpoint=c.double_checkpoint,
