@@ -17,6 +17,9 @@ The public surface, re-exported here:
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
+
 from keras_ctl import _compat
 
 _compat.check_versions()
@@ -57,8 +60,13 @@ from keras_ctl.outputs import ExampleMean  # noqa: E402
 from keras_ctl.outputs import ReplicaSum  # noqa: E402
 from keras_ctl.outputs import Synchronized  # noqa: E402
 
+if _TYPE_CHECKING:
+    # What `__getattr__` gives, typed for type checkers.
+    from keras_ctl import tuning as tuning
+    from keras_ctl.tuning import CTLHyperModel as CTLHyperModel
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> _Any:
     # keras-tuner is optional: import the hook only when it is asked for.
     if name == "CTLHyperModel":
         from keras_ctl.tuning import CTLHyperModel

@@ -1,11 +1,13 @@
 """Argument checks shared by the public classes and functions."""
 
+from typing import Any
+
 import tensorflow as tf
 
 from keras_ctl.distribute import topology
 
 
-def positive_int(name, value):
+def positive_int(name: str, value: object) -> int:
     """Raises `ValueError` unless `value` is an int >= 1, naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(
@@ -14,7 +16,7 @@ def positive_int(name, value):
     return value
 
 
-def numeric_labels(y, name="y"):
+def numeric_labels(y: Any, name: str = "y") -> None:
     """Raises `ValueError` if any array or tensor in `y` holds text.
 
     Keras fails on text labels with "Invalid dtype: str32" (arrays) or

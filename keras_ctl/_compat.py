@@ -8,6 +8,7 @@ metadata here, before Keras or TensorFlow is imported.
 from importlib import metadata
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 # The distributions of each package a user may bring; each shares one version
@@ -18,7 +19,7 @@ _DISTRIBUTIONS = {
 }
 
 
-def supported_ranges():
+def supported_ranges() -> dict[str, SpecifierSet]:
     """`{"keras": SpecifierSet, "tensorflow": SpecifierSet}` from the metadata.
 
     Empty when keras_ctl runs from a source tree that is not installed.
@@ -27,7 +28,7 @@ def supported_ranges():
         requirements = metadata.requires("keras-ctl") or []
     except metadata.PackageNotFoundError:
         return {}
-    ranges = {}
+    ranges: dict[str, SpecifierSet] = {}
     for text in requirements:
         requirement = Requirement(text)
         if requirement.name == "keras":
@@ -37,7 +38,7 @@ def supported_ranges():
     return ranges
 
 
-def installed_version(name):
+def installed_version(name: str) -> Version | None:
     """The installed version of `name` (any of its distributions)."""
     for distribution in _DISTRIBUTIONS.get(name, (name,)):
         try:
@@ -47,7 +48,7 @@ def installed_version(name):
     return None
 
 
-def check_versions():
+def check_versions() -> None:
     """Raises `ImportError` when the installed Keras or TensorFlow is outside
     the supported range, naming both."""
     for name, specifier in supported_ranges().items():

@@ -78,7 +78,7 @@ def functional_variant(cls):
     return _mixed_class(cls, _keras.Functional, named_after=cls)
 
 
-_MIXED_CLASSES = {}
+_MIXED_CLASSES: dict[tuple[type, type], type] = {}
 
 
 def _mixed_class(first, second, named_after):

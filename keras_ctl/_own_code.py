@@ -6,6 +6,7 @@ import ast
 import inspect
 import textwrap
 import types
+from typing import Any
 
 # Names of the replica arithmetic of keras_ctl and TensorFlow. A step that
 # uses one of them is written in replica shares, and runs as written.
@@ -29,7 +30,7 @@ REPLICA_ARITHMETIC = frozenset(
 )
 
 
-def is_users_own(owner, method):
+def is_users_own(owner: Any, method: str) -> bool:
     """Whether `owner.method` (`"train_step"`, `"test_step"`,
     `"compute_loss"`; `owner` a model or its class) is the user's: defined
     outside Keras and keras_ctl (keras_ctl's `CTLModel` and `GAN` steps are
@@ -38,7 +39,7 @@ def is_users_own(owner, method):
     return function is not None and is_users_function(function)
 
 
-def is_users_function(function):
+def is_users_function(function: Any) -> bool:
     """Whether `function` (a `tf.function`'s Python function included) is
     defined outside Keras, TensorFlow and keras_ctl."""
     function = getattr(function, "python_function", function)
@@ -46,19 +47,19 @@ def is_users_function(function):
     return module.split(".")[0] not in ("keras", "keras_ctl", "tensorflow")
 
 
-def reads_as_one_device(owner, method):
+def reads_as_one_device(owner: Any, method: str) -> bool:
     """Whether the user's own `owner.method` is read as one device's code
     (`keras_ctl._engine.own_step`): it is the user's, and names none of
     `REPLICA_ARITHMETIC`."""
     return is_users_own(owner, method) and not replica_arithmetic_named(owner, method)
 
 
-def replica_arithmetic_named(owner, method):
+def replica_arithmetic_named(owner: Any, method: str) -> list[str]:
     """The names of `REPLICA_ARITHMETIC` that `owner.method` uses, in
     its body, in functions defined in it, and in the model's code it calls
     (`functions_read_by`), sorted; `written_in_shares` for a step so
     marked (`keras_ctl.written_in_shares`)."""
-    names = set()
+    names: set[str] = set()
     for function in functions_read_by(owner, method):
         names |= _names_in(function.__code__) & REPLICA_ARITHMETIC
         if getattr(function, IN_SHARES_MARK, False):
@@ -70,7 +71,7 @@ def replica_arithmetic_named(owner, method):
 IN_SHARES_MARK = "__keras_ctl_written_in_shares__"
 
 
-def functions_read_by(owner, method):
+def functions_read_by(owner: Any, method: str) -> list[types.FunctionType]:
     """The user's own functions `owner.method` runs (`owner` a model or its
     class): itself, the same method of a base class it calls through
     `super()`, and the model's methods it calls on `self`, followed through
@@ -151,7 +152,7 @@ _BATCH_REDUCTIONS = frozenset(
 )
 
 
-def batch_statistics_in(owner, method):
+def batch_statistics_in(owner: Any, method: str) -> list[tuple[str, int, str]]:
     """`[(file, line, code)]`: calls in the user's own `owner.method`
     and the model's code it calls (`functions_read_by`) that may take a
     statistic of the whole batch, which a replica computes on its part
@@ -159,12 +160,14 @@ def batch_statistics_in(owner, method):
     0 (`ops.sum(self.losses)`, a list of terms, excepted), and a product of
     a tensor with a transposed one (a similarity matrix across examples).
     A hint for the parity kit: the axes of a tensor are not known here."""
-    found = []
+    found: list[tuple[str, int, str]] = []
     for function in functions_read_by(owner, method):
         try:
             lines, first = inspect.getsourcelines(function)
             filename = inspect.getsourcefile(function)
         except (OSError, TypeError):
+            continue
+        if filename is None:
             continue
         source = textwrap.dedent("".join(lines))
         for node in ast.walk(ast.parse(source)):
@@ -173,7 +176,8 @@ def batch_statistics_in(owner, method):
                 and isinstance(node.func, ast.Attribute)
                 and _may_take_a_batch_statistic(node.func.attr, node)
             ):
-                code = ast.get_source_segment(source, node).splitlines()[0]
+                segment = ast.get_source_segment(source, node) or ""
+                code = segment.splitlines()[0] if segment else ""
                 found.append((filename, first + node.lineno - 1, code))
     return sorted(found)
 

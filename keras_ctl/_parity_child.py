@@ -15,6 +15,8 @@ def _load_build(module_name, path, qualname):
         # The caller's script: load its definitions under another name (its
         # `if __name__ == "__main__":` part does not run).
         spec = importlib.util.spec_from_file_location("_parity_build", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"Cannot load the module of `build` from {path!r}.")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)

@@ -11,8 +11,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import ParamSpec
+from typing import TypeAlias
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
 from keras_ctl.distribute import topology
@@ -20,6 +28,12 @@ from keras_ctl.distribute import topology
 # This thread's share of the global batch while code of the user's own (a
 # `train_step`, `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
 _batch = threading.local()
+
+# A gradient as `tape.gradient` gives it: dense, or rows of a variable.
+Gradient: TypeAlias = tf.Tensor | tf.IndexedSlices
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def num_replicas() -> int:
@@ -31,7 +45,10 @@ def num_replicas() -> int:
     Example:
 
     ```python
-    per_replica_batch = global_batch_size // keras_ctl.num_replicas()
+    global_batch_size = 64
+    with strategy.scope():
+        per_replica_batch = global_batch_size // keras_ctl.num_replicas()
+    print(per_replica_batch)  # 32 on 2 replicas
     ```
     """
     return tf.distribute.get_strategy().num_replicas_in_sync
@@ -52,7 +69,13 @@ def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
     Example:
 
     ```python
-    global_count = keras_ctl.all_reduce_sum(tf.shape(x)[0])
+    def count(batch):  # on each replica, with its part of the global batch
+        return keras_ctl.all_reduce_sum(tf.shape(batch)[0])
+
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.range(5).batch(5))
+    counts = strategy.run(count, args=(next(iter(batches)),))
+    print(strategy.experimental_local_results(counts))  # 5 on every replica
     ```
     """
     context = tf.distribute.get_replica_context()
@@ -61,7 +84,9 @@ def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
     return context.all_reduce("SUM", value)
 
 
-def divide_by_global_counts(local_sums, local_counts):
+def divide_by_global_counts(
+    local_sums: Sequence[tf.Tensor], local_counts: Sequence[tf.Tensor | None]
+) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
     """Returns `(shares, global_counts)`: each local sum over its global count.
 
     All counts are summed across replicas in one all-reduce, however many
@@ -94,7 +119,7 @@ def divide_by_global_counts(local_sums, local_counts):
     return shares, global_counts
 
 
-def valued_as_global(share, total=None):
+def valued_as_global(share: tf.Tensor, total: tf.Tensor | None = None) -> tf.Tensor:
     """`share`, with the value of the sum of every replica's share.
 
     The gradient stays the share's (the replicas' gradients are summed
@@ -115,7 +140,7 @@ def valued_as_global(share, total=None):
 
 
 @contextlib.contextmanager
-def scoped(local, name, value):
+def scoped(local: threading.local, name: str, value: object) -> Iterator[None]:
     """Within it, `local.name` (a thread-local's attribute) is `value`; its
     previous value (or `None`) is back on every exit."""
     previous = getattr(local, name, None)
@@ -127,7 +152,9 @@ def scoped(local, name, value):
 
 
 @contextlib.contextmanager
-def read_as_batch_losses(fraction, gradients_weighed=False):
+def read_as_batch_losses(
+    fraction: tf.Tensor | None, gradients_weighed: bool = False
+) -> Iterator[None]:
     """Within it (this thread), a loss is read as one device reads it: the
     value of this replica's batch alone, which the step weighs by
     `fraction`, the replica's number of examples over the global batch's.
@@ -149,13 +176,13 @@ def read_as_batch_losses(fraction, gradients_weighed=False):
             yield
 
 
-def batch_fraction():
+def batch_fraction() -> tf.Tensor | None:
     """This replica's fraction of the global batch inside
     `read_as_batch_losses`, else `None`."""
     return getattr(_batch, "fraction", None)
 
 
-def sum_read_as_one_device(value):
+def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
     """`all_reduce_sum(value)`, whose gradient is one device's in a step
     that weighs each replica's gradients by its fraction after
     `tape.gradient` (a `train_step` of one's own read as one device's code).
@@ -172,8 +199,8 @@ def sum_read_as_one_device(value):
         return all_reduce_sum(value)
 
     @tf.custom_gradient
-    def summed(value):
-        def gradient(upstream):
+    def summed(value: tf.Tensor) -> tuple[tf.Tensor, Callable[..., tf.Tensor]]:
+        def gradient(upstream: tf.Tensor) -> tf.Tensor:
             weighed = all_reduce_sum(weighed_by_fraction(upstream, fraction))
             return tf.math.divide_no_nan(weighed, tf.cast(fraction, weighed.dtype))
 
@@ -182,20 +209,20 @@ def sum_read_as_one_device(value):
     return summed(value)
 
 
-def written_in_shares(method):
+def written_in_shares(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """`method` (keras_ctl's own exact step code, such as `GAN.train_step`)
     runs with its shares as written, also when a step of the user's own
     calls it: the reading of `read_as_batch_losses` is off within it."""
 
     @functools.wraps(method)
-    def run(*args, **kwargs):
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with scoped(_batch, "fraction", None):
             return method(*args, **kwargs)
 
     return run
 
 
-def weighed_by_fraction(value, fraction):
+def weighed_by_fraction(value: Gradient, fraction: tf.Tensor) -> Gradient:
     """`value x fraction`, exactly 0 where `fraction` is 0: a replica
     without examples adds nothing, not even the NaN of a mean over no
     example or of a layer singular at its placeholder."""
@@ -209,7 +236,9 @@ def weighed_by_fraction(value, fraction):
     return tf.where(fraction > 0, value * fraction, tf.zeros_like(value))
 
 
-def sum_across_replicas(gradients, counts=()):
+def sum_across_replicas(
+    gradients: Sequence[Gradient | None], counts: Iterable[tf.Tensor] = ()
+) -> tuple[list[Gradient | None], list[tf.Tensor]]:
     """Returns `(gradients, counts)`, each summed across replicas.
 
     One collective for everything (a round trip between workers):
@@ -250,25 +279,30 @@ def sum_across_replicas(gradients, counts=()):
             tf.cast(c, original.dtype)
             for c, original in zip(reduced[len(present) :], counts)
         ]
-    summed = iter(summed)
-    return [None if g is None else next(summed) for g in gradients], summed_counts
+    sums = iter(summed)
+    return [None if g is None else next(sums) for g in gradients], summed_counts
 
 
-def with_placeholder_rows(tensor, missing):
+def with_placeholder_rows(tensor: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:
     """`tensor` with `missing` (0 or 1) placeholder rows of zeros appended:
     what a replica without examples computes on."""
     zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
     return tf.concat([tensor, zeros], axis=0)
 
 
-def _dense_dtype(gradients):
+def _dense_dtype(gradients: Sequence[Gradient]) -> tf.DType:
     for g in gradients:
         if not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating:
             return g.dtype
     return tf.float32
 
 
-def assign_whole(variable, value, strategy, add=False):
+def assign_whole(
+    variable: tf.Variable,
+    value: npt.ArrayLike,
+    strategy: tf.distribute.Strategy,
+    add: bool = False,
+) -> None:
     """Makes `variable` read `value` (its state plus `value`, if `add`)
     across every replica and worker, exactly: a summed variable holds it in
     the chief's first replica and zeros elsewhere (TensorFlow's own
@@ -291,7 +325,7 @@ def assign_whole(variable, value, strategy, add=False):
             component.assign(part)
 
 
-def rows_and_offset(rows):
+def rows_and_offset(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """`(rows, offset)` of this replica's batch of `rows` examples: its rows
     as its layers see them (1 for an empty batch, its placeholder), and the
     examples of the replicas before it in the global batch, which the

@@ -9,16 +9,22 @@ it follows Keras's own arguments and defaults in every supported version.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
+from typing import TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def keras_signature(keras_method, **keyword_only):
+def keras_signature(
+    keras_method: Callable[..., Any], **keyword_only: tuple[Any, Any]
+) -> Callable[[_F], _F]:
     """A decorator: the method's `__signature__` becomes `keras_method`'s,
     with the override's own return annotation and its keyword-only
     arguments `keyword_only` (`name=(annotation, default)`) added. Keras
     annotates none of its arguments: they show as `Any`."""
 
-    def decorate(method):
+    def decorate(method: _F) -> _F:
         signature = inspect.signature(keras_method)
         parameters = [
             _any_if_bare(p)
@@ -40,7 +46,7 @@ def keras_signature(keras_method, **keyword_only):
             if p.kind == p.VAR_KEYWORD
         ]
         own = inspect.signature(method)
-        method.__signature__ = signature.replace(
+        method.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[own.parameters["self"], *parameters],
             return_annotation=own.return_annotation,
         )
@@ -49,7 +55,7 @@ def keras_signature(keras_method, **keyword_only):
     return decorate
 
 
-def _any_if_bare(parameter):
+def _any_if_bare(parameter: inspect.Parameter) -> inspect.Parameter:
     if parameter.annotation is inspect.Parameter.empty:
         return parameter.replace(annotation="Any")
     return parameter

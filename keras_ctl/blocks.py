@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence
+from typing import Any
+from typing import TypeVar
 
 import keras
 import tensorflow as tf
@@ -26,6 +28,9 @@ from keras_ctl._replicas import divide_by_global_counts
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
 from keras_ctl._replicas import valued_as_global
+
+# A step method (or `tf.function`), given back marked.
+_Step = TypeVar("_Step", bound=Callable[..., Any])
 
 __all__ = [
     "all_gather",
@@ -75,8 +80,13 @@ def global_mean(
     Example:
 
     ```python
-    per_example = keras.losses.sparse_categorical_crossentropy(y, y_pred)
-    loss = keras_ctl.global_mean(per_example)
+    def mean_share(values):  # on each replica, with its part of the global batch
+        return keras_ctl.global_mean(values)
+
+    batches = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices([0.0, 1.0, 2.0, 3.0, 4.0]).batch(5))
+    shares = strategy.run(mean_share, args=(next(iter(batches)),))
+    print(strategy.experimental_local_results(shares))  # 0.6 + 1.4 = 2.0, the mean
     ```
     """
     values = _with_batch_axis(
@@ -142,12 +152,20 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     Example:
 
     ```python
-    def compute_loss(self, x, y, y_pred, sample_weight, training=True):
-        queries, candidates = keras_ctl.all_gather(y_pred), keras_ctl.all_gather(y)
-        scores = keras.ops.matmul(queries, keras.ops.transpose(candidates))
-        labels = keras.ops.eye(keras.ops.shape(scores)[0])
-        return keras.ops.mean(keras.losses.categorical_crossentropy(
-            labels, scores, from_logits=True))
+    class InBatchNegatives(keras_ctl.CTLModel):
+        def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+            queries, candidates = keras_ctl.all_gather(y_pred), keras_ctl.all_gather(y)
+            scores = keras.ops.matmul(queries, keras.ops.transpose(candidates))
+            labels = keras.ops.eye(keras.ops.shape(scores)[0])
+            return keras.ops.mean(keras.losses.categorical_crossentropy(
+                labels, scores, from_logits=True))
+
+    with strategy.scope():
+        query_inputs = keras.Input((6,))
+        model = InBatchNegatives(query_inputs, keras.layers.Dense(4)(query_inputs))
+        model.compile(optimizer="sgd")
+    history = model.fit(queries, candidates, batch_size=8, epochs=2)
+    print(history.history["loss"])  # against the global batch's 8 candidates
     ```
     """
     values = _with_batch_axis(
@@ -182,13 +200,20 @@ def row_offset(values: tf.Tensor) -> tf.Tensor:
     Example:
 
     ```python
-    def compute_loss(self, x, y, y_pred, sample_weight, training=True):
-        candidates = keras_ctl.all_gather(y)
-        scores = keras.ops.matmul(y_pred, keras.ops.transpose(candidates))
-        positives = keras_ctl.row_offset(y_pred) + keras.ops.arange(
-            keras.ops.shape(y_pred)[0])
-        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
-            positives, scores, from_logits=True))
+    class LocalQueries(keras_ctl.CTLModel):
+        def compute_loss(self, x, y, y_pred, sample_weight, training=True):
+            candidates = keras_ctl.all_gather(y)
+            scores = keras.ops.matmul(y_pred, keras.ops.transpose(candidates))
+            positives = keras_ctl.row_offset(y_pred) + keras.ops.arange(
+                keras.ops.shape(y_pred)[0])
+            return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(
+                positives, scores, from_logits=True))
+
+    with strategy.scope():
+        query_inputs = keras.Input((6,))
+        model = LocalQueries(query_inputs, keras.layers.Dense(4)(query_inputs))
+        model.compile(optimizer="sgd")
+    history = model.fit(queries, candidates, batch_size=8, epochs=2)
     ```
     """
     values = _with_batch_axis(
@@ -199,7 +224,7 @@ def row_offset(values: tf.Tensor) -> tf.Tensor:
     return gather.row_offset(values)
 
 
-def _with_batch_axis(values, expected, remedy):
+def _with_batch_axis(values: tf.Tensor, expected: str, remedy: str) -> tf.Tensor:
     """`values` as a tensor; a `ValueError` saying `expected` and `remedy`
     when it is a scalar (already reduced over the batch)."""
     values = tf.convert_to_tensor(values)
@@ -231,8 +256,23 @@ def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
     Example:
 
     ```python
-    y_pred = self(x, training=True)
-    reg = keras_ctl.scaled_regularization_loss(self.losses)
+    class Regularized(keras_ctl.CTLModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                reg = keras_ctl.scaled_regularization_loss(self.losses)  # read first
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, y_pred, from_logits=True)
+                loss = keras_ctl.global_mean(per_example) + reg
+            keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
+            return {"batch_loss": keras_ctl.ReplicaSum(loss)}
+
+    with strategy.scope():
+        dense = keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(1e-3))
+        model = Regularized(inputs, dense(keras.layers.Flatten()(inputs)))
+        model.compile(optimizer="sgd")
+    history = model.fit(x, y, batch_size=64, epochs=1)
     ```
     """
     if batch_fraction() is not None:
@@ -246,7 +286,7 @@ def minimize(
     variables: Sequence[tf.Variable],
     optimizer: keras.optimizers.Optimizer,
     tape: tf.GradientTape,
-) -> list[tf.Tensor]:
+) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """Applies the gradients of `loss` with respect to `variables`.
 
     `loss` is this replica's share of the global loss (see `global_mean`).
@@ -273,10 +313,21 @@ def minimize(
     Example:
 
     ```python
-    with tf.GradientTape() as tape:
-        y_pred = self(x, training=True)
-        loss = keras_ctl.global_mean(per_example_loss(y, y_pred))
-    keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
+    class MyModel(keras_ctl.CTLModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                per_example = keras.losses.sparse_categorical_crossentropy(
+                    y, y_pred, from_logits=True)
+                loss = keras_ctl.global_mean(per_example)
+            keras_ctl.minimize(loss, self.trainable_weights, self.optimizer, tape)
+            return {"batch_loss": keras_ctl.ReplicaSum(loss)}
+
+    with strategy.scope():
+        model = MyModel(inputs, outputs)
+        model.compile(optimizer="sgd")
+    history = model.fit(x, y, batch_size=64, epochs=1)
     ```
     """
     variables = list(variables)
@@ -287,7 +338,7 @@ def minimize(
     return gradients
 
 
-def written_in_shares(step: Callable) -> Callable:
+def written_in_shares(step: _Step) -> _Step:
     """Marks `step`, a `train_step` or `test_step` of one's own, as written
     in replica shares: on each replica it runs as written on the replica's
     part of the batch, and the replicas' gradients are summed as they are.
@@ -310,14 +361,21 @@ def written_in_shares(step: Callable) -> Callable:
     Example:
 
     ```python
-    class Siamese(keras_ctl.CTLModel):
+    class SumOfLosses(keras_ctl.CTLModel):
         @keras_ctl.written_in_shares
         def train_step(self, data):
+            x, y = data
             with tf.GradientTape() as tape:
-                loss = self.triplet_loss(data)  # one value per example
+                loss = keras.losses.sparse_categorical_crossentropy(
+                    y, self(x, training=True), from_logits=True)  # one per example
             grads = tape.gradient(loss, self.trainable_weights)  # their sum
             self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
-            return {"loss": keras_ctl.ReplicaSum(tf.reduce_sum(loss))}
+            return {"loss_sum": keras_ctl.ReplicaSum(tf.reduce_sum(loss))}
+
+    with strategy.scope():
+        model = SumOfLosses(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(1e-3))
+    history = model.fit(x, y, batch_size=64, epochs=1)
     ```
     """
     for function in (step, getattr(step, "python_function", None)):

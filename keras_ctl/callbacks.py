@@ -105,8 +105,9 @@ class BackupAndRestore(keras.callbacks.Callback):
     Example:
 
     ```python
-    model.fit(x, y, epochs=10, shuffle=False,
-              callbacks=[keras_ctl.callbacks.BackupAndRestore("backup", save_freq=50)])
+    backup = keras_ctl.callbacks.BackupAndRestore("backup", save_freq=10)
+    history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False,
+                        callbacks=[backup])  # restarted, it resumes from "backup"
     ```
     """
 

@@ -38,6 +38,7 @@ def load(name: str = "digits", test_fraction: float = 0.2) -> Arrays:
 
     ```python
     (x_train, y_train), (x_test, y_test) = keras_ctl.datasets.load("digits")
+    print(x_train.shape, x_test.shape)  # (1438, 8, 8, 1) (359, 8, 8, 1)
     ```
     """
     if name == "digits":
@@ -49,7 +50,7 @@ def load(name: str = "digits", test_fraction: float = 0.2) -> Arrays:
     )
 
 
-def _digits(test_fraction):
+def _digits(test_fraction: float) -> Arrays:
     try:
         from sklearn.datasets import load_digits
     except ImportError as error:
@@ -70,7 +71,7 @@ def _digits(test_fraction):
     return (images[:split], labels[:split]), (images[split:], labels[split:])
 
 
-def _download(name):
+def _download(name: str) -> Arrays:
     import keras
 
     loader = getattr(keras.datasets, name)

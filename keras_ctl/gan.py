@@ -56,13 +56,19 @@ class GAN(CTLModel):
     Example:
 
     ```python
-    gan = keras_ctl.GAN(discriminator=d, generator=g, latent_dim=32)
-    gan.compile(
-        d_optimizer=keras.optimizers.Adam(3e-4),
-        g_optimizer=keras.optimizers.Adam(4e-4),
-        loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
-    )
-    gan.fit(images, batch_size=64, epochs=5)
+    with strategy.scope():
+        d = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(1)])
+        g = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, "sigmoid"),
+                              keras.layers.Reshape((8, 8, 1))])
+        gan = keras_ctl.GAN(discriminator=d, generator=g, latent_dim=32)
+        gan.compile(
+            d_optimizer=keras.optimizers.Adam(3e-4),
+            g_optimizer=keras.optimizers.Adam(4e-4),
+            loss_fn=keras.losses.BinaryCrossentropy(from_logits=True),
+        )
+    history = gan.fit(images, batch_size=64, epochs=2)
+    print(history.history["d_loss"], history.history["g_loss"])
     ```
     """
 
@@ -91,7 +97,9 @@ class GAN(CTLModel):
         self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
         self.built = discriminator.built and generator.built
 
-    def compile(
+    # Two optimizers and a loss of its own, as in Keras's GAN guide: not
+    # `CTLModel.compile`'s arguments.
+    def compile(  # type: ignore[override]
         self,
         d_optimizer: keras.optimizers.Optimizer | str | None = None,
         g_optimizer: keras.optimizers.Optimizer | str | None = None,
@@ -149,7 +157,9 @@ class GAN(CTLModel):
         if self.built:
             self.build_optimizers()
 
-    def _with_loss_scale(self, optimizer):
+    def _with_loss_scale(
+        self, optimizer: keras.optimizers.Optimizer
+    ) -> keras.optimizers.Optimizer:
         # Each optimizer keeps its own dynamic loss scale.
         if self.dtype_policy.name == "mixed_float16" and not isinstance(
             optimizer, keras.optimizers.LossScaleOptimizer
@@ -174,7 +184,8 @@ class GAN(CTLModel):
         Example:
 
         ```python
-        images = gan(np.random.default_rng(0).normal(size=(16, 32)))
+        generated = gan(np.random.default_rng(0).normal(size=(16, 32)))
+        print(generated.shape)  # (16, 8, 8, 1)
         ```
         """
         return self.generator(latents, training=training)
@@ -233,8 +244,14 @@ class GAN(CTLModel):
                 d_loss = self.train_discriminator(data, latents[0])
                 d_loss = self.train_discriminator(data, latents[1])
                 g_loss = self.train_generator(latents[0])
-                return {"d_loss": keras_ctl.ReplicaSum(d_loss),
-                        "g_loss": keras_ctl.ReplicaSum(g_loss)}
+                return {"batch_d_loss": keras_ctl.ReplicaSum(d_loss),
+                        "batch_g_loss": keras_ctl.ReplicaSum(g_loss)}
+
+        with strategy.scope():
+            gan = TwoToOne(discriminator=d, generator=g, latent_dim=32)
+            gan.compile(d_optimizer="adam", g_optimizer="adam")
+        history = gan.fit(images, batch_size=64, epochs=1)
+        print(history.history["batch_d_loss"], history.history["batch_g_loss"])
         ```
         """
         if weight is None:
@@ -279,7 +296,20 @@ class GAN(CTLModel):
         Example:
 
         ```python
-        g_loss = self.train_generator(latents)  # inside a train_step
+        class OneToTwo(keras_ctl.GAN):  # a schedule of one's own
+            def train_step(self, data):
+                latents = keras.random.normal((2, tf.shape(data)[0], self.latent_dim))
+                d_loss = self.train_discriminator(data, latents[0])
+                g_loss = self.train_generator(latents[0])
+                g_loss = self.train_generator(latents[1])
+                return {"batch_d_loss": keras_ctl.ReplicaSum(d_loss),
+                        "batch_g_loss": keras_ctl.ReplicaSum(g_loss)}
+
+        with strategy.scope():
+            gan = OneToTwo(discriminator=d, generator=g, latent_dim=32)
+            gan.compile(d_optimizer="adam", g_optimizer="adam")
+        history = gan.fit(images, batch_size=64, epochs=1)
+        print(history.history["batch_d_loss"], history.history["batch_g_loss"])
         ```
         """
         if weight is None:
@@ -295,8 +325,14 @@ class GAN(CTLModel):
         return loss
 
     def _mean_loss(
-        self, labels, predictions, weights, model, global_weight=None, copies=1.0
-    ):
+        self,
+        labels: tf.Tensor,
+        predictions: tf.Tensor,
+        weights: tf.Tensor,
+        model: keras.Model,
+        global_weight: tf.Tensor | None = None,
+        copies: float = 1.0,
+    ) -> tf.Tensor:
         """This replica's share of the weighted mean loss (+ regularization).
 
         `global_weight` is the global sum of the real batch's weights, and
@@ -316,7 +352,7 @@ class GAN(CTLModel):
         mean = blocks.global_mean(per_example, weights, global_weight=global_weight)
         return mean + regularization
 
-    def _check_shapes(self, real, latents):
+    def _check_shapes(self, real: tf.Tensor, latents: tf.Tensor | None) -> None:
         """Names the argument when the data cannot fit the two models (the
         shapes are static when the step is traced)."""
         try:
@@ -338,7 +374,9 @@ class GAN(CTLModel):
                 f"Received: y with examples of shape {tuple(latents.shape[1:])}."
             )
 
-    def _latents(self, latents, index, real):
+    def _latents(
+        self, latents: tf.Tensor | None, index: int, real: tf.Tensor
+    ) -> tf.Tensor:
         if latents is not None:
             return latents[:, index]
         shape = tf.stack([tf.shape(real)[0], self.latent_dim])
@@ -346,7 +384,7 @@ class GAN(CTLModel):
             return keras.random.normal(shape, seed=self.seed_generator)
         return tf.random.stateless_normal(shape, seed=self._replica_seed())
 
-    def _label_noise(self, rows):
+    def _label_noise(self, rows: tf.Tensor) -> tf.Tensor:
         """Uniform noise for the labels of `rows` generated, then `rows`
         real examples: as one device draws it for them with
         `compile(random_draws="as_one_device")` (a draw per half, each the
@@ -361,7 +399,7 @@ class GAN(CTLModel):
             return tf.cast(tf.concat(halves, axis=0), "float32")
         return tf.random.stateless_uniform([2 * rows, 1], seed=self._replica_seed())
 
-    def _replica_seed(self):
+    def _replica_seed(self) -> tf.Tensor:
         """Next seed of the stream, different on every replica."""
         seed = self.seed_generator.next()
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -387,7 +425,8 @@ class GAN(CTLModel):
         Example:
 
         ```python
-        history = gan.fit(real_images, batch_size=64, epochs=30)
+        history = gan.fit(images, batch_size=64, epochs=2)
+        print(history.history["d_loss"], history.history["g_loss"])
         ```
         """
         pairs = self.optimizers_and_variables()
@@ -467,7 +506,7 @@ class GAN(CTLModel):
 _SEED_KEY = "latent_seed_state"
 
 
-def _check_options(latent_dim, d_steps, label_noise):
+def _check_options(latent_dim: int, d_steps: int, label_noise: float) -> None:
     _checks.positive_int("latent_dim", latent_dim)
     _checks.positive_int("d_steps", d_steps)
     if not 0.0 <= float(label_noise) <= 1.0:
@@ -477,7 +516,9 @@ def _check_options(latent_dim, d_steps, label_noise):
         )
 
 
-def _check_models(discriminator, generator, latent_dim):
+def _check_models(
+    discriminator: keras.Model, generator: keras.Model, latent_dim: int
+) -> None:
     for name, model in (("discriminator", discriminator), ("generator", generator)):
         if not isinstance(model, keras.Model):
             raise TypeError(
@@ -500,7 +541,7 @@ def _check_models(discriminator, generator, latent_dim):
         )
 
 
-def _static_shape(model, attribute):
+def _static_shape(model: keras.Model, attribute: str) -> tuple[int | None, ...] | None:
     try:
         tensors = getattr(model, attribute)
     except (AttributeError, ValueError):

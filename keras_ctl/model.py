@@ -26,6 +26,8 @@ from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.replica_step import StepParts
+from keras_ctl._engine.step_function import StepFunction
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 from keras_ctl._replicas import written_in_shares
@@ -83,17 +85,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     Example:
 
     ```python
-    strategy = tf.distribute.MirroredStrategy()
-    with strategy.scope():
-        inputs = keras.Input((64,))
-        outputs = keras.layers.Dense(10)(inputs)
+    with strategy.scope():  # e.g. keras_ctl.strategies.local_mirrored_strategy(2)
+        inputs = keras.Input((8, 8, 1))
+        outputs = keras.layers.Dense(10)(keras.layers.Flatten()(inputs))
         model = keras_ctl.CTLModel(inputs, outputs)
         model.compile(
             optimizer="sgd",
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    model.fit(x, y, batch_size=64, epochs=2)
+    history = model.fit(x, y, batch_size=64, epochs=2)
+    print(history.history["accuracy"])  # one device's, on any number of replicas
     ```
     """
 
@@ -162,8 +164,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         ```python
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        ctl = keras_ctl.CTLModel.from_model(model)  # `ctl is model`
+        ctl = keras_ctl.CTLModel.from_model(model)
         ctl.compile(optimizer="sgd", loss="mse")
+        print(ctl is model, isinstance(model, keras_ctl.CTLModel))  # True True
         ```
         """
         if isinstance(model, cls):
@@ -200,9 +203,34 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         ```python
         class TwoOptimizers(keras_ctl.CTLModel):
+            def __init__(self):
+                super().__init__()
+                self.body = keras.Sequential(
+                    [keras.layers.Flatten(), keras.layers.Dense(32, activation="relu")])
+                self.head = keras.layers.Dense(10)
+                self.head_optimizer = keras.optimizers.Adam(1e-3)
+
+            def call(self, x):
+                return self.head(self.body(x))
+
             def optimizers_and_variables(self):
                 return [(self.optimizer, self.body.trainable_variables),
                         (self.head_optimizer, self.head.trainable_variables)]
+
+            def train_step(self, data):
+                x, y = data
+                for optimizer, variables in self.optimizers_and_variables():
+                    with tf.GradientTape() as tape:
+                        per_example = keras.losses.sparse_categorical_crossentropy(
+                            y, self(x, training=True), from_logits=True)
+                        loss = keras_ctl.global_mean(per_example)
+                    keras_ctl.minimize(loss, variables, optimizer, tape)
+                return {"batch_loss": keras_ctl.ReplicaSum(loss)}
+
+        with strategy.scope():
+            model = TwoOptimizers()
+            model.compile(optimizer=keras.optimizers.SGD(0.1))
+        history = model.fit(x, y, batch_size=64, epochs=1)
         ```
         """
         return [(self.optimizer, self.trainable_variables)]
@@ -327,14 +355,26 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         Example:
 
         ```python
-        def train_step(self, data):  # the keras.io way, exact as written
-            x, y = data
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(y=y, y_pred=y_pred)
-            gradients = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply(gradients, self.trainable_variables)
-            ...
+        class CustomModel(keras_ctl.CTLModel):
+            def train_step(self, data):  # the keras.io way, exact as written
+                x, y = data
+                with tf.GradientTape() as tape:
+                    y_pred = self(x, training=True)
+                    loss = self.compute_loss(y=y, y_pred=y_pred)
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply(gradients, self.trainable_variables)
+                for metric in self.metrics:
+                    if metric.name == "loss":
+                        metric.update_state(loss)
+                    else:
+                        metric.update_state(y, y_pred)
+                return {m.name: m.result() for m in self.metrics}
+
+        with strategy.scope():
+            model = CustomModel(inputs, outputs)
+            model.compile(optimizer="sgd", metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(x, y, batch_size=64, epochs=1)
         ```
         """
         compile_loss = _keras.compile_loss(self)
@@ -418,9 +458,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         with strategy.scope():
             model.compile(
                 optimizer=keras.optimizers.SGD(0.1, gradient_accumulation_steps=4),
-                loss="mse",
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 gradient_accumulation="examples",
             )
+        model.fit(x, y, batch_size=64, epochs=1)  # an update every 4 batches
         ```
         """
         for name, value, choices in (
@@ -488,8 +529,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         ```python
         with strategy.scope():
             model = keras_ctl.CTLModel(inputs, outputs)
-            model.compile(optimizer="adam", loss="mse")
-        history = model.fit(x, y, batch_size=64, epochs=3)
+            model.compile(optimizer="adam",
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        history = model.fit(x, y, batch_size=64, epochs=2)
+        print(history.history["loss"])  # one device's, on any number of replicas
         ```
         """
         _checks.numeric_labels(y)
@@ -530,7 +573,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         ```python
         model.save("model.keras")  # every worker calls it; the chief writes
-        restored = keras.models.load_model("model.keras")  # a CTLModel
+        restored = keras.models.load_model("model.keras")
+        print(isinstance(restored, keras_ctl.CTLModel))  # True
         ```
         """
         with chief_writes.path_for_this_worker(
@@ -598,6 +642,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         ```python
         results = model.evaluate(x_test, y_test, return_dict=True)
+        print(results)  # {'accuracy': ..., 'loss': ...}
         ```
         """
         _checks.numeric_labels(y)
@@ -623,6 +668,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
         ```python
         logits = model.predict(x_test, batch_size=256)
+        print(logits.shape)  # (359, 10): one row per example, in order
         ```
         """
         self._predicted_batches = 0
@@ -673,7 +719,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if self.predict_function is not None and not force:
             return self.predict_function
         plan = StepPlan.for_model(self, default_loss=False)
-        predict_batches = loop.make_predict_function(
+        predict_batches = loop.predict(
             self.distribute_strategy, self.predict_step, plan
         )
         self._predicted_batches = 0
@@ -730,7 +776,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         compiled_pass = None
         if plan.xla == "per_replica_pass":
             compiled_pass = forward.CompiledPass(self, training=training)
-        function = loop.make_step_function(
+        function = StepFunction(
             self._step_parts(training), step, plan, training=training
         )
         return compiled_pass, function
@@ -739,7 +785,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         def optimizers():
             return [o for o, _ in self.optimizers_and_variables() if o is not None]
 
-        return loop.StepParts(
+        return StepParts(
             strategy=self.distribute_strategy,
             state=self._engine,
             optimizers=optimizers,

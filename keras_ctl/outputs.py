@@ -9,15 +9,27 @@ how:
 - `Synchronized(value)`: already equal on every replica; take one.
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import TypeAlias
 
+import keras
 import tensorflow as tf
 
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import weighed_by_fraction
 from keras_ctl.distribute import topology
+
+# `{dtype: [the parts summed across replicas]}`, one all-reduce per dtype.
+_Sums: TypeAlias = dict[Any, list[tf.Tensor]]
+# Gives a log's reduced value from the step's `_Sums`.
+_Finish: TypeAlias = Callable[[_Sums], Any]
 
 
 class ReplicaSum(NamedTuple):
@@ -29,8 +41,20 @@ class ReplicaSum(NamedTuple):
     Example:
 
     ```python
-    share = keras_ctl.global_mean(per_example_loss)
-    return {"my_loss": keras_ctl.ReplicaSum(share)}
+    class WithConfidence(keras_ctl.CTLModel):
+        def train_step(self, data):
+            logs = super().train_step(data)
+            x, _ = data
+            confidence = tf.reduce_max(tf.nn.softmax(self(x)), axis=-1)
+            share = keras_ctl.global_mean(confidence)  # this replica's share
+            return {**logs, "confidence": keras_ctl.ReplicaSum(share)}
+
+    with strategy.scope():
+        model = WithConfidence(inputs, outputs)
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+    history = model.fit(x, y, batch_size=64, epochs=1)
+    print(history.history["confidence"])  # the last global batch's mean
     ```
     """
 
@@ -43,9 +67,25 @@ class ExampleMean(NamedTuple):
     Example:
 
     ```python
-    correct = tf.reduce_sum(tf.cast(hits, "float32"))
-    seen = tf.cast(tf.shape(hits)[0], "float32")
-    return {"batch_accuracy": keras_ctl.ExampleMean(correct, seen)}
+    class WithBatchAccuracy(keras_ctl.CTLModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            hits = tf.argmax(y_pred, axis=-1, output_type=y.dtype) == y
+            correct = tf.reduce_sum(tf.cast(hits, "float32"))
+            seen = tf.cast(tf.shape(hits)[0], "float32")
+            return {"batch_accuracy": keras_ctl.ExampleMean(correct, seen)}
+
+    with strategy.scope():
+        model = WithBatchAccuracy(inputs, outputs)
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+    history = model.fit(x, y, batch_size=64, epochs=1)
+    print(history.history["batch_accuracy"])  # of the last global batch
     ```
     """
 
@@ -59,14 +99,24 @@ class Synchronized(NamedTuple):
     Example:
 
     ```python
-    return {"lr": keras_ctl.Synchronized(self.optimizer.learning_rate)}
+    class WithLearningRate(keras_ctl.CTLModel):
+        def train_step(self, data):
+            logs = super().train_step(data)
+            return {**logs, "lr": keras_ctl.Synchronized(self.optimizer.learning_rate)}
+
+    with strategy.scope():
+        model = WithLearningRate(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=64, epochs=1)
+    print(history.history["lr"])  # the learning rate, 0.01
     ```
     """
 
     value: Any
 
 
-def all_reduce_logs(outputs, metrics=()):
+def all_reduce_logs(outputs: Any, metrics: Sequence[keras.metrics.Metric] = ()) -> Any:
     """Reduces a step's outputs across replicas, in one all-reduce.
 
     Call it in replica context, at the end of the step: every replica gets
@@ -108,7 +158,12 @@ def all_reduce_logs(outputs, metrics=()):
     return reduce_step_logs(outputs, metrics)
 
 
-def reduce_step_logs(outputs, metrics=(), results=None, fraction=None):
+def reduce_step_logs(
+    outputs: Any,
+    metrics: Sequence[keras.metrics.Metric] = (),
+    results: dict[str, tuple[keras.metrics.Metric, str | None]] | None = None,
+    fraction: tf.Tensor | None = None,
+) -> Any:
     """`all_reduce_logs`, with what the step engine knows of the step.
 
     Args:
@@ -127,7 +182,7 @@ def reduce_step_logs(outputs, metrics=(), results=None, fraction=None):
     one_replica = replicas == 1
     results = results or {}
 
-    def plan(value):
+    def plan(value: Any) -> _Finish:
         """Returns `finish(sums) -> value` for one leaf."""
         if isinstance(value, ReplicaSum):
             return batch.add(value.value)
@@ -140,8 +195,8 @@ def reduce_step_logs(outputs, metrics=(), results=None, fraction=None):
             parts = {key: plan(item) for key, item in value.items()}
             return lambda sums: {key: part(sums) for key, part in parts.items()}
         if isinstance(value, (list, tuple)):
-            parts = [plan(item) for item in value]
-            return lambda sums: type(value)(part(sums) for part in parts)
+            items = [plan(item) for item in value]
+            return lambda sums: type(value)(item(sums) for item in items)
         if one_replica:
             return lambda sums: value
         value = tf.convert_to_tensor(value)
@@ -162,11 +217,17 @@ def reduce_step_logs(outputs, metrics=(), results=None, fraction=None):
     return {name: part(sums) for name, part in parts.items()}
 
 
-def _metric_results(outputs, metrics, results, batch):
+def _metric_results(
+    outputs: dict[str, Any],
+    metrics: Iterable[keras.metrics.Metric],
+    results: dict[str, tuple[keras.metrics.Metric, str | None]],
+    batch: _SumBatch,
+) -> dict[str, _Finish]:
     """`{key: finish(sums)}` for the untyped outputs that are metric
     results: recognized (`results`) or named after a metric."""
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
-    entries = {}  # id(metric) -> (metric, {key: entry or None})
+    # id(metric) -> (metric, {key: entry or None})
+    entries: dict[int, tuple[keras.metrics.Metric, dict[str, str | None]]] = {}
     for key, (metric, entry) in results.items():
         if key in wanted:
             entries.setdefault(id(metric), (metric, {}))[1][key] = entry
@@ -176,25 +237,28 @@ def _metric_results(outputs, metrics, results, batch):
             named = {metric.name: None}  # the whole result
         else:
             local = metric.result()  # a dict names the results it holds
-            keys = set(local) & wanted if isinstance(local, dict) else set()
-            named = {key: key for key in keys}
+            held = set(local) & wanted if isinstance(local, dict) else set()
+            named = {key: key for key in held}
         if named:
             entries.setdefault(id(metric), (metric, {}))[1].update(named)
             wanted -= set(named)
     central = topology.of().one_copy
-    finishers = {}
+    finishers: dict[str, _Finish] = {}
     for metric, keys in entries.values():
         result = _state_result(metric, batch, central)
         for key, entry in keys.items():
-            finishers[key] = (
-                result
-                if entry is None
-                else lambda sums, entry=entry, result=result: result(sums)[entry]
-            )
+            finishers[key] = result if entry is None else _item(result, entry)
     return finishers
 
 
-def _state_result(metric, batch, central):
+def _item(result: _Finish, entry: str) -> _Finish:
+    """`finish(sums)`: the `entry` of the dict `result(sums)` gives."""
+    return lambda sums: result(sums)[entry]
+
+
+def _state_result(
+    metric: keras.metrics.Metric, batch: _SumBatch, central: bool
+) -> _Finish:
     """`finish(sums)`: `metric`'s result from its state summed across
     replicas."""
     if central:
@@ -204,11 +268,11 @@ def _state_result(metric, batch, central):
     return _cached(lambda sums: metric.stateless_result([part(sums) for part in state]))
 
 
-def _cached(function):
+def _cached(function: _Finish) -> _Finish:
     """`function(sums)`, computed once for the one `sums` of a step."""
-    cache = {}
+    cache: dict[str, Any] = {}
 
-    def cached(sums):
+    def cached(sums: _Sums) -> Any:
         if "value" not in cache:
             cache["value"] = function(sums)
         return cache["value"]
@@ -219,10 +283,10 @@ def _cached(function):
 class _SumBatch:
     """Values to sum across replicas, packed into one all-reduce per dtype."""
 
-    def __init__(self):
-        self._parts = {}  # dtype -> list of flat tensors
+    def __init__(self) -> None:
+        self._parts: dict[Any, list[tf.Tensor]] = {}  # dtype -> flat tensors
 
-    def add(self, value):
+    def add(self, value: Any) -> _Finish:
         """Queues `value`; returns `get(sums)`, its sum over replicas."""
         value = tf.convert_to_tensor(value)
         dtype, shape = value.dtype, tf.shape(value)
@@ -233,9 +297,9 @@ class _SumBatch:
         key, index = value.dtype, len(parts) - 1
         return lambda sums: tf.cast(tf.reshape(sums[key][index], shape), dtype)
 
-    def all_reduce(self):
+    def all_reduce(self) -> _Sums:
         """Returns `{dtype: [summed parts]}`: one all-reduce per dtype."""
-        sums = {}
+        sums: _Sums = {}
         for dtype, parts in self._parts.items():
             sizes = [tf.shape(part)[0] for part in parts]
             summed = all_reduce_sum(tf.concat(parts, axis=0))
@@ -243,10 +307,10 @@ class _SumBatch:
         return sums
 
 
-def _mean(total, count):
+def _mean(total: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
     dtype = total.dtype if total.dtype.is_floating else tf.float32
     return tf.math.divide_no_nan(tf.cast(total, dtype), tf.cast(count, dtype))
 
 
-def _is_typed(value):
+def _is_typed(value: object) -> bool:
     return isinstance(value, (ReplicaSum, ExampleMean, Synchronized))

@@ -36,9 +36,15 @@ def local_mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
     Example:
 
     ```python
-    strategy = keras_ctl.strategies.local_mirrored_strategy(2)
+    import keras
+    import keras_ctl
+
+    strategy = keras_ctl.strategies.local_mirrored_strategy(2)  # first: sets up devices
     with strategy.scope():
-        model = build_model()
+        inputs = keras.Input((8, 8, 1))
+        model = keras_ctl.CTLModel(inputs, keras.layers.Dense(10)(
+            keras.layers.Flatten()(inputs)))
+    print(strategy.num_replicas_in_sync)  # 2
     ```
     """
     _checks.positive_int("replicas", replicas)
@@ -78,10 +84,19 @@ def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     Example:
 
     ```python
-    strategy = keras_ctl.strategies.multi_worker_strategy()
+    import keras
+    import keras_ctl
+
+    strategy = keras_ctl.strategies.multi_worker_strategy()  # first: reads TF_CONFIG
+    (x, y), _ = keras_ctl.datasets.load("digits")
     with strategy.scope():
-        model = build_and_compile_model()
-    model.fit(dataset, epochs=3)
+        inputs = keras.Input((8, 8, 1))
+        model = keras_ctl.CTLModel(inputs, keras.layers.Dense(10)(
+            keras.layers.Flatten()(inputs)))
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+    history = model.fit(x, y, batch_size=64, epochs=2)  # each worker its part
+    print(history.history["loss"])  # the same on every worker: one device's
     ```
     """
     if not os.environ.get("TF_CONFIG"):
@@ -118,10 +133,29 @@ def parameter_server_strategy(
     Example:
 
     ```python
+    # train.py
+    import keras
+    import tensorflow as tf
+    import keras_ctl
+
     strategy = keras_ctl.strategies.parameter_server_strategy()  # first
+    (x, y), _ = keras_ctl.datasets.load("digits")
+
+    def dataset_fn(input_context):  # built on each worker
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(64)
+
     with strategy.scope():
-        model = build_and_compile()  # a CTLModel or GAN
-    model.fit(dataset_fn, epochs=5, steps_per_epoch=20)
+        inputs = keras.Input((8, 8, 1))
+        model = keras_ctl.CTLModel(inputs, keras.layers.Dense(10)(
+            keras.layers.Flatten()(inputs)))  # or a GAN
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+    history = model.fit(dataset_fn, epochs=2, steps_per_epoch=10)
+    print(history.history["loss"])
+    ```
+
+    ```bash
+    keras-ctl launch --workers 1 --ps 1 -- python train.py
     ```
     """
     cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
@@ -151,11 +185,12 @@ def is_parameter_server(strategy: tf.distribute.Strategy | None = None) -> bool:
     Example:
 
     ```python
-    if not keras_ctl.strategies.is_parameter_server(strategy):
-        model.fit(x, y, validation_split=0.1)  # not taken with parameter servers
+    if not keras_ctl.strategies.is_parameter_server(strategy):  # steps on workers
+        model.fit(x, y, batch_size=64, validation_split=0.1)  # not available there
     ```
     """
-    return topology.of(strategy).parameter_servers
+    here: topology.Topology = topology.of(strategy)
+    return here.parameter_servers
 
 
 def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
@@ -175,11 +210,14 @@ def is_chief(strategy: tf.distribute.Strategy | None = None) -> bool:
     Example:
 
     ```python
-    path = "model.keras" if keras_ctl.strategies.is_chief() else tmp_path
-    model.save(path)
+    history = model.fit(x, y, batch_size=64, epochs=1)
+    if keras_ctl.strategies.is_chief(strategy):  # one copy, from the chief
+        with open("history.json", "w") as f:
+            json.dump(history.history, f)
     ```
     """
-    return topology.of(strategy).chief
+    here: topology.Topology = topology.of(strategy)
+    return here.chief
 
 
 def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
@@ -197,11 +235,12 @@ def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
     Example:
 
     ```python
-    if keras_ctl.strategies.worker_count() > 1:
+    if keras_ctl.strategies.worker_count(strategy) > 1:
         print("training across processes")
     ```
     """
-    return topology.of(strategy).workers
+    here: topology.Topology = topology.of(strategy)
+    return here.workers
 
 
 def task_index() -> int:
@@ -213,7 +252,8 @@ def task_index() -> int:
     Example:
 
     ```python
-    keras.utils.set_random_seed(keras_ctl.strategies.task_index())
+    index = keras_ctl.strategies.task_index()
+    print(f"worker {index} of {keras_ctl.strategies.worker_count(strategy)}")
     ```
     """
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
@@ -221,7 +261,7 @@ def task_index() -> int:
 
 
 def write_path(
-    path: str | os.PathLike, strategy: tf.distribute.Strategy | None = None
+    path: str | os.PathLike[str], strategy: tf.distribute.Strategy | None = None
 ) -> str:
     """Where this worker writes the file or folder `path`.
 
@@ -239,10 +279,10 @@ def write_path(
     Example:
 
     ```python
-    target = keras_ctl.strategies.write_path("model.keras")
-    model.save(target)
-    if not keras_ctl.strategies.is_chief():
-        os.remove(target)
+    target = keras_ctl.strategies.write_path("weights.npz", strategy)
+    np.savez(target, *model.get_weights())  # every worker writes
+    if not keras_ctl.strategies.is_chief(strategy):
+        os.remove(target)  # the other workers' temporary copies
     ```
     """
     if is_chief(strategy):

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import TypeAlias
 
 import keras
 import numpy as np
@@ -27,6 +28,11 @@ from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import replica_arithmetic_named
 
 __all__ = ["assert_replica_invariant", "known_to_differ"]
+
+# A run's result, as `keras_ctl._parity_child` pickles it: `"weights"` (a
+# list of arrays), `"history"` and `"evaluate"` (`{name: values}`) and
+# `"known_to_differ"`.
+_Result: TypeAlias = dict[str, Any]
 
 
 def assert_replica_invariant(
@@ -103,6 +109,10 @@ def assert_replica_invariant(
         y = (x[:, 0] * 3).astype("int32")
         assert_replica_invariant(build, x, y, batch_size=16, epochs=2)
     ```
+
+    ```bash
+    pytest test_parity.py
+    ```
     """
     counts = [int(r) for r in replicas]
     if not counts or any(r < 1 for r in counts):
@@ -143,7 +153,7 @@ def assert_replica_invariant(
     return report
 
 
-def _where(build):
+def _where(build: Callable[[], keras.Model]) -> tuple[str, str | None, str]:
     """How a child process finds `build`: `(module, file, qualname)`."""
     if not callable(build) or "<locals>" in getattr(build, "__qualname__", "<locals>"):
         raise ValueError(
@@ -155,7 +165,7 @@ def _where(build):
     return build.__module__, path, build.__qualname__
 
 
-def _run(job_path, replicas, folder, timeout):
+def _run(job_path: str, replicas: int, folder: str, timeout: float) -> _Result:
     out = os.path.join(folder, f"result_{replicas}.pkl")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     # The child finds the caller's modules where the caller does.
@@ -182,10 +192,11 @@ def _run(job_path, replicas, folder, timeout):
             f"{result.returncode}):\n{result.stderr[-4000:]}"
         )
     with open(out, "rb") as f:
-        return pickle.load(f)
+        loaded: _Result = pickle.load(f)
+    return loaded
 
 
-def _differences(expected, got):
+def _differences(expected: _Result, got: _Result) -> dict[str, float]:
     differences = {
         "weights": max(
             (
@@ -207,7 +218,7 @@ def _differences(expected, got):
     return differences
 
 
-def _shown(run, value):
+def _shown(run: _Result, value: str) -> str:
     if value == "weights":
         return "(all weights)"
     part, name = value.split("/", 1)
@@ -217,7 +228,9 @@ def _shown(run, value):
     return np.array2string(np.asarray(found), precision=6, separator=", ")
 
 
-def _table(failures, atol):
+def _table(
+    failures: Sequence[tuple[int, str, _Result, _Result, float]], atol: float
+) -> str:
     lines = [
         f"Training differs from one device by more than atol={atol}:",
         "",
@@ -258,8 +271,11 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     Example:
 
     ```python
+    with strategy.scope():
+        hidden = keras.layers.BatchNormalization()(keras.layers.Flatten()(inputs))
+        model = keras_ctl.CTLModel(inputs, keras.layers.Dense(10)(hidden))
     for where, advice in keras_ctl.testing.known_to_differ(model, (x[:32], y[:32])):
-        print(f"{where}: {advice}")
+        print(f"{where}: {advice}")  # batch_normalization (BatchNormalization): ...
     ```
     """
     from keras_ctl import _keras
@@ -293,7 +309,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     return found
 
 
-def _own(model, method, batch):
+def _own(model: keras.Model, method: str, batch: Any) -> str:
     """Why the user's own `method` of `model` may differ, and what to do."""
     if method == "compute_loss":
         measured = _measured_loss(model, batch) if batch is not None else None
@@ -308,7 +324,7 @@ def _own(model, method, batch):
     return _OWN_STEP + _statistics_named(model, method)
 
 
-def _statistics_named(model, method):
+def _statistics_named(model: keras.Model, method: str) -> str:
     """The lines of the step that may take a statistic of the whole batch."""
     import os
 
@@ -359,7 +375,7 @@ _OWN_LOSS = (
 )
 
 
-def _measured_loss(model, batch):
+def _measured_loss(model: keras.Model, batch: Any) -> str | None:
     """How the model's `compute_loss` on `batch` differs from a mean over
     examples, with the remedy; `None` when it is one (to 1e-5)."""
     import tensorflow as tf
@@ -374,7 +390,7 @@ def _measured_loss(model, batch):
         )
     state = [v.numpy() for v in model.variables + model.metrics_variables]
 
-    def loss_of(start, stop):
+    def loss_of(start: int, stop: int) -> float:
         part = tree.map_structure(
             lambda a: None if a is None else tf.convert_to_tensor(a)[start:stop],
             (x, y, sample_weight),
@@ -405,7 +421,9 @@ def _measured_loss(model, batch):
     )
 
 
-def _layer_difference(layer, draws_as_one_device=False):
+def _layer_difference(
+    layer: keras.layers.Layer, draws_as_one_device: bool = False
+) -> str | None:
     import keras
 
     if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
@@ -430,7 +448,7 @@ def _layer_difference(layer, draws_as_one_device=False):
     return None
 
 
-def _explained(known):
+def _explained(known: Sequence[tuple[str, str]]) -> str:
     if not known:
         return ""
     lines = ["", "", "Known to differ from one device:"]

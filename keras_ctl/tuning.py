@@ -20,7 +20,7 @@ except ImportError as error:  # pragma: no cover - depends on the install
     ) from error
 
 
-class CTLHyperModel(keras_tuner.HyperModel):
+class CTLHyperModel(keras_tuner.HyperModel):  # type: ignore[misc]  # untyped base
     """A `keras_tuner.HyperModel` for `CTLModel` and `GAN`.
 
     Implement `build(hp)` to return a compiled `keras_ctl.CTLModel` or
@@ -51,16 +51,19 @@ class CTLHyperModel(keras_tuner.HyperModel):
     ```python
     class Classifier(keras_ctl.CTLHyperModel):
         def build(self, hp):
+            inputs = keras.Input((8, 8, 1))
+            outputs = keras.layers.Dense(10)(keras.layers.Flatten()(inputs))
             model = keras_ctl.CTLModel(inputs, outputs)
             lr = hp.Float("lr", 1e-4, 1e-2, sampling="log")
-            model.compile(optimizer=keras.optimizers.Adam(lr), loss=...,
-                          metrics=["accuracy"])
+            model.compile(optimizer=keras.optimizers.Adam(lr), metrics=["accuracy"],
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             return model
 
     tuner = keras_tuner.RandomSearch(
         Classifier(batch_sizes_per_replica=[16, 32]), objective="val_accuracy",
-        max_trials=5, distribution_strategy=strategy)
-    tuner.search(x, y, epochs=2, validation_data=(x_val, y_val))
+        max_trials=2, distribution_strategy=strategy)
+    tuner.search(x, y, epochs=1, validation_data=(x_test, y_test))
+    print(tuner.get_best_hyperparameters()[0].values)
     ```
     """
 
@@ -108,9 +111,10 @@ class CTLHyperModel(keras_tuner.HyperModel):
         Example:
 
         ```python
-        tuner = keras_tuner.RandomSearch(DigitsGAN(batch_sizes_per_replica=[16, 32]),
-                                         objective="g_loss", max_trials=4)
-        tuner.search(images, epochs=5)  # calls fit() for each trial
+        hypermodel = keras_ctl.CTLHyperModel(batch_sizes_per_replica=[16, 32])
+        hp = keras_tuner.HyperParameters()  # a trial's, with its first choices
+        history = hypermodel.fit(hp, model, x, y, epochs=1)  # what the tuner calls
+        print(model.hyperparameters)  # {'batch_size_per_replica': 16}: batches of 32
         ```
         """
         per_replica = self.batch_size_per_replica(hp)
@@ -134,7 +138,9 @@ class CTLHyperModel(keras_tuner.HyperModel):
         Example:
 
         ```python
-        per_replica = self.batch_size_per_replica(hp)
+        hypermodel = keras_ctl.CTLHyperModel(batch_sizes_per_replica=[16, 32])
+        hp = keras_tuner.HyperParameters()
+        print(hypermodel.batch_size_per_replica(hp))  # 16, the first choice
         ```
         """
         choices = self.batch_sizes_per_replica
@@ -142,7 +148,8 @@ class CTLHyperModel(keras_tuner.HyperModel):
             return None
         if isinstance(choices, int):
             return choices
-        return hp.Choice("batch_size_per_replica", list(choices))
+        choice: int = hp.Choice("batch_size_per_replica", list(choices))
+        return choice
 
 
 def objective(name: str, direction: str | None = None) -> keras_tuner.Objective:
@@ -159,7 +166,8 @@ def objective(name: str, direction: str | None = None) -> keras_tuner.Objective:
     Example:
 
     ```python
-    keras_tuner.RandomSearch(hypermodel, objective=keras_ctl.tuning.objective("g_loss"))
+    objective = keras_ctl.tuning.objective("g_loss")
+    print(objective.name, objective.direction)  # g_loss min
     ```
     """
     if direction is None:

@@ -21,10 +21,19 @@ replicas until the update (each step still all-reduces its number of
 examples, which its loss is divided by).
 """
 
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
+
+import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._engine import update
+from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import assign_whole
 from keras_ctl._replicas import sum_across_replicas
 from keras_ctl.distribute import topology
@@ -32,7 +41,7 @@ from keras_ctl.distribute import topology
 MODES = ("micro_batches", "examples")
 
 
-def for_model(model, default_step):
+def for_model(model: keras.Model, default_step: bool) -> GradientAccumulation | None:
     """The `GradientAccumulation` of `model`'s train step, or `None` when
     no optimizer accumulates or Keras's own accumulation is exact (one
     device, `"micro_batches"`).
@@ -78,7 +87,7 @@ def for_model(model, default_step):
         return GradientAccumulation(optimizer, variables, mode)
 
 
-def _steps(optimizer):
+def _steps(optimizer: keras.optimizers.Optimizer) -> int | None:
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
     return getattr(optimizer, "gradient_accumulation_steps", None) or (
         inner is not None and _steps(inner)
@@ -98,7 +107,12 @@ class GradientAccumulation:
             example of the k steps (differs when their batch sizes differ).
     """
 
-    def __init__(self, optimizer, variables, mode="micro_batches"):
+    def __init__(
+        self,
+        optimizer: keras.optimizers.Optimizer,
+        variables: Iterable[keras.Variable],
+        mode: str = "micro_batches",
+    ) -> None:
         self.optimizer = optimizer
         self.steps = int(optimizer.gradient_accumulation_steps)
         self.mode = mode
@@ -106,9 +120,10 @@ class GradientAccumulation:
         self.sums = [_local_zeros(v.shape, v.dtype) for v in self.variables]
         self.examples = _local_zeros((), tf.float32)
         self.strategy = tf.distribute.get_strategy()  # built in its scope
-        self.phase = None  # "accumulate" or "update", while tracing
+        # "accumulate" or "update", while tracing.
+        self.phase: str | None = None
 
-    def run(self, run_step):
+    def run(self, run_step: Callable[[], Any]) -> Any:
         """The step: `run_step()` (the replicas' step) traced once per
         phase, one of them run (cross-replica context)."""
         iterations = _keras.micro_batch_iterations(self.optimizer)
@@ -119,7 +134,7 @@ class GradientAccumulation:
             lambda: self._traced("accumulate", run_step),
         )
 
-    def _traced(self, phase, run_step):
+    def _traced(self, phase: str, run_step: Callable[[], Any]) -> Any:
         self.phase = phase
         try:
             if phase == "accumulate":
@@ -132,7 +147,12 @@ class GradientAccumulation:
         finally:
             self.phase = None
 
-    def apply(self, gradients, global_batch_size, local_batch_size):
+    def apply(
+        self,
+        gradients: Sequence[Gradient | None],
+        global_batch_size: tf.Tensor,
+        local_batch_size: tf.Tensor,
+    ) -> None:
         """In a replica step: adds this replica's gradient (its share of the
         step's mean gradient) to its accumulator, or, in the update step,
         sums everything across replicas and applies it."""
@@ -163,7 +183,7 @@ class GradientAccumulation:
             self.optimizer, update.divide(summed, divisor), self.variables
         )
 
-    def save_into_optimizer(self):
+    def save_into_optimizer(self) -> float:
         """Before a backup (cross-replica context): the replicas' summed
         accumulators into Keras's own (`_accumulated_gradients`, saved with
         the optimizer, where Keras's one-device accumulation keeps the same
@@ -173,7 +193,7 @@ class GradientAccumulation:
             kept.assign(own.read_value())
         return float(self.examples.read_value())
 
-    def load_from_optimizer(self, examples):
+    def load_from_optimizer(self, examples: float) -> None:
         """After a backup loaded: the accumulators again, whole on one
         replica (their sum is what counts; split evenly, it rounds)."""
         for kept, own in zip(_keras.keras_accumulators(self.optimizer), self.sums):
@@ -181,7 +201,9 @@ class GradientAccumulation:
         assign_whole(self.examples, float(examples), self.strategy)
 
 
-def _local_zeros(shape, dtype):
+def _local_zeros(
+    shape: tf.TensorShape | Sequence[int], dtype: tf.DType | str
+) -> tf.Variable:
     """A variable each replica keeps for itself (read across replicas, it
     is the sum of every replica's)."""
     return tf.Variable(

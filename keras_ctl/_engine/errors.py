@@ -18,7 +18,7 @@ _LABEL_OUT_OF_RANGE = re.compile(
 )
 
 
-def explained(error):
+def explained(error: Exception) -> ValueError | None:
     """Returns a `ValueError` explaining `error`, or `None` if it is not one
     of the errors this module knows."""
     if not isinstance(error, tf.errors.InvalidArgumentError):

@@ -23,11 +23,15 @@ sample-weight sums); a loss that needs more runs the eager exact step
 instead, with a warning.
 """
 
+from __future__ import annotations
+
 import contextlib
 import threading
 import warnings
+from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
+from typing import cast
 
 import keras
 import tensorflow as tf
@@ -36,6 +40,8 @@ from keras_ctl import _keras
 from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import update
+from keras_ctl._engine.autograph import not_converted
+from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
@@ -63,19 +69,32 @@ class Pass(NamedTuple):
     """
 
     y_pred: Any
-    loss: Any
-    loss_sum: Any
+    loss: tf.Tensor | None
+    loss_sum: tf.Tensor
     shares: loss_module.LossShares
-    gradients: Any = None
+    gradients: list[Gradient | None] | None = None
 
 
-def _pass(y_pred, loss, shares, gradients=None):
+def _pass(
+    y_pred: Any,
+    loss: tf.Tensor,
+    shares: loss_module.LossShares,
+    gradients: list[Gradient | None] | None = None,
+) -> Pass:
     return Pass(y_pred, loss, loss * shares.global_batch_size, shares, gradients)
 
 
 def forward_and_loss(
-    model, x, y, sample_weight, batch_size, *, training, y_pred=None, terms=None
-):
+    model: keras.Model,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+    *,
+    training: bool,
+    y_pred: Any = None,
+    terms: loss_module.LossTerms | None = None,
+) -> Pass:
     """Returns the `Pass` (without gradients) of one replica's batch.
 
     Args:
@@ -102,7 +121,15 @@ def forward_and_loss(
     return _pass(y_pred, loss, shares)
 
 
-def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
+def own_compute_loss(
+    model: keras.Model,
+    x: Any,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+    training: bool,
+) -> Pass:
     """The `Pass` of a subclass's own `compute_loss` on this replica.
 
     Its value is this replica's batch's loss, as one device computes it
@@ -122,9 +149,9 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
     if y_pred is None:
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
-    rows = contextlib.nullcontext()
     weight = fraction
-    if model._compute_loss_over == "global_batch":
+    over_global_batch = model._compute_loss_over == "global_batch"
+    if over_global_batch:
         # Every replica's loss is the whole batch's, reduced as on one
         # device. Only the first replica's trains: the gradients of
         # variables used after the gather (an embedding looked up for
@@ -132,8 +159,10 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
         # summing to 1 over the replicas would give R weighed copies of
         # each, which Adam's sparse update squares one by one.
         seen = gather.global_batch(seen)
-        rows = _keras.rows_of_global_batch()
         weight = gather.first_replica()
+    rows = (
+        _keras.rows_of_global_batch() if over_global_batch else contextlib.nullcontext()
+    )
     with read_as_batch_losses(fraction), rows:
         loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
@@ -144,7 +173,9 @@ def own_compute_loss(model, x, y, y_pred, sample_weight, batch_size, training):
     return Pass(y_pred, loss * tf.cast(weight, dtype), loss * local, shares)
 
 
-def compiled_terms(model, y, y_pred, sample_weight, batch_size):
+def compiled_terms(
+    model: keras.Model, y: Any, y_pred: Any, sample_weight: Any, batch_size: tf.Tensor
+) -> loss_module.LossTerms | None:
     """The `LossTerms` of the model's compiled loss, or `None` without one."""
     compile_loss = _keras.compile_loss(model)
     if compile_loss is None:
@@ -152,7 +183,9 @@ def compiled_terms(model, y, y_pred, sample_weight, batch_size):
     return loss_module.loss_terms(compile_loss, y, y_pred, sample_weight, batch_size)
 
 
-def loss_times_examples(model, terms, batch_size):
+def loss_times_examples(
+    model: keras.Model, terms: loss_module.LossTerms, batch_size: tf.Tensor
+) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """`(total, per_output)`: this replica's part of `loss x batch size`,
     with no collective, for foldable `terms` (see
     `loss.loss_times_examples`); regularization counts once per example of
@@ -163,7 +196,9 @@ def loss_times_examples(model, terms, batch_size):
     return total + regularization * local_batch, per_output
 
 
-def evaluation_pass(model, y, y_pred, sample_weight, batch_size):
+def evaluation_pass(
+    model: keras.Model, y: Any, y_pred: Any, sample_weight: Any, batch_size: tf.Tensor
+) -> Pass:
     """The `Pass` of `evaluate()` for predictions `y_pred`, without a
     collective where it can.
 
@@ -190,7 +225,14 @@ def evaluation_pass(model, y, y_pred, sample_weight, batch_size):
     return Pass(y_pred, None, total, shares)
 
 
-def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
+def exact_gradients(
+    model: keras.Model,
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+    sum_gradients: bool = True,
+) -> Pass:
     """Trains' forward and backward pass: its `Pass`, with the gradients
     summed across replicas, in one collective where it can.
 
@@ -207,7 +249,7 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
             and terms.foldable
             and not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
         )
-        if fold:
+        if fold and terms is not None:  # `fold` needs `terms`
             summed = loss_times_examples(model, terms, batch_size)
             objective = summed[0]
         else:
@@ -237,7 +279,9 @@ def exact_gradients(model, x, y, sample_weight, batch_size, sum_gradients=True):
     return forward._replace(gradients=gradients)
 
 
-def zero_if_padded(gradients, batch_size):
+def zero_if_padded(
+    gradients: list[Gradient | None], batch_size: tf.Tensor
+) -> list[Gradient | None]:
     """Zeros for the gradients of a replica padded with a placeholder
     example (`batch_size` 0).
 
@@ -249,7 +293,7 @@ def zero_if_padded(gradients, batch_size):
         return gradients
     real = batch_size > 0
 
-    def zeroed(g):
+    def zeroed(g: Gradient | None) -> Gradient | None:
         if g is None:
             return None
         if isinstance(g, tf.IndexedSlices):
@@ -260,7 +304,12 @@ def zero_if_padded(gradients, batch_size):
     return [zeroed(g) for g in gradients]
 
 
-def divide_after_sum(y_pred, summed, gradients, batch_size):
+def divide_after_sum(
+    y_pred: Any,
+    summed: tuple[tf.Tensor, list[tf.Tensor]],
+    gradients: Sequence[Gradient | None],
+    batch_size: tf.Tensor,
+) -> Pass:
     """The `Pass` of `y_pred` from `loss x examples` parts `summed`.
 
     The gradients and this replica's number of examples are summed in one
@@ -281,8 +330,14 @@ def divide_after_sum(y_pred, summed, gradients, batch_size):
 
 
 def default_loss_share(
-    model, y, y_pred, sample_weight, batch_size, global_batch=None, terms=None
-):
+    model: keras.Model,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+    global_batch: tf.Tensor | None = None,
+    terms: loss_module.LossTerms | None = None,
+) -> tuple[tf.Tensor, loss_module.LossShares]:
     """Returns `(share of compiled loss + model.losses, LossShares)`, from
     the compiled loss's `terms` when the caller has them."""
     # Read layer losses right after the forward pass: replica threads share
@@ -300,15 +355,21 @@ def default_loss_share(
         shares = loss_module.count_only_shares(batch_size, regularization.dtype)
     else:
         if terms is None:
-            terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+            terms = loss_module.loss_terms(
+                compile_loss, y, y_pred, sample_weight, batch_size
+            )
         shares = loss_module.compiled_loss_shares(terms, batch_size, global_batch)
     # Regularization counts once per example of the global batch, as in the
     # folded step: 1/R of it per replica when the batch splits evenly.
     fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
-    return shares.total + regularization * fraction, shares
+    # Not `None`: `compiled_loss_shares` and `count_only_shares` set it.
+    total = cast(tf.Tensor, shares.total)
+    return total + regularization * fraction, shares
 
 
-def with_layer_losses(compiled, losses, batch_size):
+def with_layer_losses(
+    compiled: tf.Tensor | None, losses: Sequence[tf.Tensor], batch_size: tf.Tensor
+) -> tf.Tensor | None:
     """`compiled` plus `losses` (this replica's `model.losses`) once per
     global batch: valued as one device's sum, differentiable as this
     replica's share.
@@ -348,19 +409,21 @@ class CompiledPass:
     and warns once, and the caller runs the eager exact step.
     """
 
-    def __init__(self, model, training):
+    def __init__(self, model: keras.Model, training: bool) -> None:
         self._model = model
         self._training = training
         self._function = tf.function(self._run, jit_compile=True, reduce_retracing=True)
         self._lock = threading.Lock()
-        self._fits = None  # set while tracing: whether the loss fits a pass
-        self._fits_of = {}  # the same, by traced concrete function
+        # Set while tracing: whether the loss fits a pass.
+        self._fits: bool | None = None
+        # The same, by traced concrete function.
+        self._fits_of: dict[int, bool | None] = {}
         self.usable = True
 
     # Python decisions only, nothing for AutoGraph to convert (converted, it
     # once called `_turn_off` with `_loss_fits`'s arguments in a long run).
-    @tf.autograph.experimental.do_not_convert
-    def __call__(self, data, batch_size):
+    @not_converted
+    def __call__(self, data: Any, batch_size: tf.Tensor) -> Pass | None:
         """Returns the `Pass`, with the gradients summed across replicas, or
         `None` when the caller must run the eager step."""
         if not self.usable:
@@ -389,7 +452,7 @@ class CompiledPass:
             gradients, _ = sum_across_replicas(gradients)
         return _pass(y_pred, loss, shares, gradients)
 
-    def _loss_fits(self, *args):
+    def _loss_fits(self, *args: Any) -> bool | None:
         """Whether the loss fits the pass for `args`, from its trace
         (which runs nothing)."""
         traced = self.tracing_count()
@@ -398,11 +461,12 @@ class CompiledPass:
             self._fits_of[id(concrete)] = self._fits
         return self._fits_of[id(concrete)]
 
-    def tracing_count(self):
+    def tracing_count(self) -> int:
         """How many times XLA traced the pass (0 until a step ran it)."""
-        return self._function.experimental_get_tracing_count()
+        count: int = self._function.experimental_get_tracing_count()
+        return count
 
-    def _turn_off(self):
+    def _turn_off(self) -> None:
         with self._lock:
             if not self.usable:
                 return
@@ -415,7 +479,11 @@ class CompiledPass:
             stacklevel=3,
         )
 
-    def _run(self, data, batch_size, global_batch):
+    def _run(
+        self, data: Any, batch_size: tf.Tensor, global_batch: tf.Tensor | None
+    ) -> tuple[
+        Any, tf.Tensor, list[tf.Tensor] | loss_module.LossShares, list[Gradient | None]
+    ]:
         """With `global_batch` None: `(y_pred, loss x examples, per-output
         parts, gradients)`, else `(y_pred, loss share, shares, gradients)`.
         Notes in `_fits` whether the loss's counts allow it."""
@@ -423,21 +491,27 @@ class CompiledPass:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=self._training)
-            terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+            # The model has a compiled loss (`CTLModel._step_function`).
+            terms = loss_module.loss_terms(
+                _keras.compile_loss(model), y, y_pred, sample_weight, batch_size
+            )
             self._fits = terms.foldable if global_batch is None else terms.fixed_counts
             if not self._fits:
                 return y_pred, tf.zeros(()), [], []  # traced, never run
-            if global_batch is None:
-                loss, parts = loss_times_examples(model, terms, batch_size)
-            else:
-                loss, parts = default_loss_share(
+            loss, parts = (
+                loss_times_examples(model, terms, batch_size)
+                if global_batch is None
+                else default_loss_share(
                     model, y, y_pred, sample_weight, batch_size, global_batch, terms
                 )
+            )
             scaled_loss = model.optimizer.scale_loss(loss) if self._training else loss
-        gradients = []
-        if self._training:
-            gradients = zero_if_padded(
+        gradients = (
+            zero_if_padded(
                 _keras.gradients(tape, scaled_loss, model.trainable_weights),
                 batch_size,
             )
+            if self._training
+            else []
+        )
         return y_pred, loss, parts, gradients

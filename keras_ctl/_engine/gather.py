@@ -1,5 +1,7 @@
 """The global batch on every replica: rows gathered across replicas."""
 
+from typing import Any
+
 import tensorflow as tf
 from keras import tree
 
@@ -18,7 +20,7 @@ UNEQUAL_ROWS_ON_TPU = (
 )
 
 
-def global_batch(structure):
+def global_batch(structure: Any) -> Any:
     """`structure` with every tensor of rank >= 1 replaced by its rows of
     every replica, replica 0's first; other leaves (`None`, scalars) stay.
     A replica without examples adds no row (its placeholder is left out).
@@ -34,7 +36,7 @@ def global_batch(structure):
     )
 
 
-def _rows_of_every_replica(context, leaf):
+def _rows_of_every_replica(context: tf.distribute.ReplicaContext, leaf: Any) -> Any:
     if not tf.is_tensor(leaf) or leaf.shape.rank == 0:
         return leaf
     # One gather a tensor: TensorFlow's gradient of a gather of several
@@ -45,7 +47,7 @@ def _rows_of_every_replica(context, leaf):
     return gathered
 
 
-def row_offset(values):
+def row_offset(values: tf.Tensor) -> tf.Tensor:
     """Where this replica's rows of `values` start in `global_batch`'s:
     the rows of the replicas before it (0 on one replica)."""
     context = tf.distribute.get_replica_context()
@@ -59,7 +61,7 @@ def row_offset(values):
     return tf.reduce_sum(tf.where(before, counts, tf.zeros_like(counts)))
 
 
-def first_replica():
+def first_replica() -> tf.Tensor:
     """1.0 on the first replica (and on one), 0.0 on the others."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:

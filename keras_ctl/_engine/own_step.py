@@ -20,6 +20,9 @@ keras_ctl's own steps, called from it (`super().train_step(data)`, the
 """
 
 import contextlib
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
 
 import tensorflow as tf
 from keras import tree
@@ -34,7 +37,7 @@ from keras_ctl._replicas import read_as_batch_losses
 FRACTION_LOG = "_keras_ctl_batch_fraction"
 
 
-def run_as_one_device(step, data):
+def run_as_one_device(step: Callable[[Any], Any], data: Any) -> Any:
     """`step(data)` on this replica, read as one device's code; a dict of
     logs gains the replica's fraction under `FRACTION_LOG`."""
     if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
@@ -50,7 +53,7 @@ def run_as_one_device(step, data):
     return outputs
 
 
-def fraction_of_global_batch(data):
+def fraction_of_global_batch(data: Any) -> tf.Tensor | None:
     """This replica's examples over the global batch's (float64, exact for
     any split), or `None` for data without a batch dimension. The examples
     are the rows of the data's first tensor, whatever its structure."""
@@ -61,7 +64,7 @@ def fraction_of_global_batch(data):
     return tf.math.divide_no_nan(local, all_reduce_sum(local))
 
 
-def logs_and_fraction(outputs):
+def logs_and_fraction(outputs: Any) -> tuple[Any, tf.Tensor | None]:
     """`(outputs without FRACTION_LOG, the fraction or None)`."""
     if not isinstance(outputs, dict) or FRACTION_LOG not in outputs:
         return outputs, None
@@ -70,7 +73,7 @@ def logs_and_fraction(outputs):
 
 
 @contextlib.contextmanager
-def variables_made_eagerly():
+def variables_made_eagerly() -> Iterator[None]:
     """Within it, a variable a step creates as it is traced (`if not
     hasattr(self, "seen"): self.seen = tf.Variable(0)`) asks for an eager
     step (`_keras.NeedsEagerStep`), which creates it once for every
@@ -78,7 +81,7 @@ def variables_made_eagerly():
     `tf.function`'s own lifting of such a variable fails in a replica step
     under several replicas."""
 
-    def creator(next_creator, **kwargs):
+    def creator(next_creator: Callable[..., tf.Variable], **kwargs: Any) -> tf.Variable:
         if tf.inside_function():
             raise _keras.NeedsEagerStep(
                 "A variable created in a traced step is created by an eager step."

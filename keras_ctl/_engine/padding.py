@@ -1,5 +1,7 @@
 """A placeholder example for a replica whose part of the batch is empty."""
 
+from typing import Any
+
 import tensorflow as tf
 from keras import tree
 
@@ -8,7 +10,7 @@ from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import with_placeholder_rows
 
 
-def pad_empty_batch(data):
+def pad_empty_batch(data: Any) -> tuple[Any, tf.Tensor]:
     """Gives a replica without examples one placeholder example of zeros.
 
     With several replicas the last global batch can leave a replica empty;
@@ -26,7 +28,7 @@ def pad_empty_batch(data):
     missing = tf.cast(tf.equal(batch_size, 0), tf.int32)
     _keras.count_only_real_examples(batch_size)
 
-    def pad(t):
+    def pad(t: tf.Tensor | None) -> tf.Tensor | None:
         return None if t is None else with_placeholder_rows(t, missing)
 
     return tree.map_structure(pad, data), batch_size

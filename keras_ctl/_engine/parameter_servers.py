@@ -23,22 +23,32 @@ asynchronously; with one worker the run is one device's. `evaluate()` and
 `predict()` run on the chief, reading the variables where they live.
 """
 
+from __future__ import annotations
+
 import contextlib
 import math
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._engine import state as engine_state
 
-_coordinators = {}
+# id(strategy) -> (strategy, its coordinator).
+_coordinators: dict[
+    int, tuple[tf.distribute.Strategy, tf.distribute.coordinator.ClusterCoordinator]
+] = {}
 _lock = threading.Lock()
 
 
-def coordinator(strategy):
+def coordinator(
+    strategy: tf.distribute.Strategy,
+) -> tf.distribute.coordinator.ClusterCoordinator:
     """The strategy's `ClusterCoordinator` (one per strategy: a second one
     would connect to the cluster again)."""
     with _lock:
@@ -51,22 +61,24 @@ def coordinator(strategy):
 
 
 def fit(
-    model,
-    x=None,
-    y=None,
-    batch_size=None,
-    epochs=1,
-    verbose="auto",
-    callbacks=None,
-    validation_data=None,
-    shuffle=True,
-    sample_weight=None,
-    initial_epoch=0,
-    steps_per_epoch=None,
-    validation_batch_size=None,
-    validation_freq=1,
-    **unsupported,
-):
+    model: keras.Model,
+    x: Any = None,
+    y: Any = None,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    verbose: str | int = "auto",
+    callbacks: list[keras.callbacks.Callback]
+    | keras.callbacks.CallbackList
+    | None = None,
+    validation_data: Any = None,
+    shuffle: bool = True,
+    sample_weight: Any = None,
+    initial_epoch: int = 0,
+    steps_per_epoch: int | None = None,
+    validation_batch_size: int | None = None,
+    validation_freq: int = 1,
+    **unsupported: Any,
+) -> keras.callbacks.History:
     """`keras.Model.fit` with the steps scheduled on the workers."""
     _refuse(unsupported)
     strategy = model.distribute_strategy
@@ -75,8 +87,9 @@ def fit(
     model.make_train_function()
     cluster = coordinator(strategy)
     iterator = iter(cluster.create_per_worker_dataset(data.per_worker))
+    callback_list: keras.callbacks.CallbackList = callbacks
     if not isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = keras.callbacks.CallbackList(
+        callback_list = keras.callbacks.CallbackList(
             callbacks,
             add_history=True,
             add_progbar=verbose != 0,
@@ -86,26 +99,34 @@ def fit(
             model=model,
         )
     model.stop_training = False
-    callbacks.on_train_begin()
-    logs = {}
+    callback_list.on_train_begin()
+    logs: dict[str, Any] = {}
     first = _keras.initial_epoch(model) or initial_epoch
     for epoch in range(first, epochs):
         model.reset_metrics()
-        callbacks.on_epoch_begin(epoch)
-        logs = _train_epoch(model, cluster, iterator, callbacks, data.steps_per_epoch)
+        callback_list.on_epoch_begin(epoch)
+        logs = _train_epoch(
+            model, cluster, iterator, callback_list, data.steps_per_epoch
+        )
         if validation_data is not None and (epoch + 1) % validation_freq == 0:
             val_batch_size = validation_batch_size or batch_size
             logs.update(_validation_logs(model, validation_data, val_batch_size))
-        callbacks.on_epoch_end(epoch, logs)
+        callback_list.on_epoch_end(epoch, logs)
         if model.stop_training:
             break
     if epochs > first and isinstance(model.optimizer, keras.optimizers.Optimizer):
         model.optimizer.finalize_variable_values(model.trainable_weights)
-    callbacks.on_train_end(logs)
+    callback_list.on_train_end(logs)
     return model.history
 
 
-def _train_epoch(model, cluster, iterator, callbacks, steps):
+def _train_epoch(
+    model: keras.Model,
+    cluster: tf.distribute.coordinator.ClusterCoordinator,
+    iterator: Any,
+    callbacks: keras.callbacks.CallbackList,
+    steps: int,
+) -> dict[str, Any]:
     """Schedules an epoch's steps, waits for them; returns the epoch's logs."""
     # Batches are numbered from 0 in a resumed epoch too, as in Keras.
     last, batch, left = None, 0, steps - _skipped_steps(model)
@@ -124,7 +145,9 @@ def _train_epoch(model, cluster, iterator, callbacks, steps):
         return _epoch_logs(model, last)
 
 
-def _validation_logs(model, validation_data, batch_size):
+def _validation_logs(
+    model: keras.Model, validation_data: Any, batch_size: int | None
+) -> dict[str, Any]:
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(validation_data)
     logs = evaluate(
         model,
@@ -138,21 +161,21 @@ def _validation_logs(model, validation_data, batch_size):
     return {f"val_{name}": value for name, value in logs.items()}
 
 
-def evaluate(model, *args, **kwargs):
+def evaluate(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
     """`keras.Model.evaluate` on the chief, reading the variables where they
     live."""
     with _on_the_chief(model):
         return keras.Model.evaluate(model, *args, **kwargs)
 
 
-def predict(model, *args, **kwargs):
+def predict(model: keras.Model, *args: Any, **kwargs: Any) -> Any:
     """`keras.Model.predict` on the chief."""
     with _on_the_chief(model):
         return keras.Model.predict(model, *args, **kwargs)
 
 
 @contextlib.contextmanager
-def _on_the_chief(model):
+def _on_the_chief(model: keras.Model) -> Iterator[None]:
     """Keras's own evaluate/predict loop under the default strategy: the
     variables stay on the parameter servers, read from here."""
     model.test_function = model.predict_function = None
@@ -174,7 +197,16 @@ class _Data:
     steps, or the dataset's length.
     """
 
-    def __init__(self, strategy, x, y, sample_weight, batch_size, shuffle, steps):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        batch_size: int | None,
+        shuffle: bool,
+        steps: int | None,
+    ) -> None:
         self.strategy = strategy
         # What `create_per_worker_dataset` takes: a function, or a dataset.
         self.per_worker = self._per_worker
@@ -201,12 +233,20 @@ class _Data:
                 )
         self.steps_per_epoch = steps
 
-    def _from_arrays(self, x, y, sample_weight, batch_size, shuffle, steps):
+    def _from_arrays(
+        self,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        batch_size: int | None,
+        shuffle: bool,
+        steps: int | None,
+    ) -> tuple[tf.data.Dataset, int]:
         data = keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         examples = len(keras.tree.flatten(data)[0])
         batch_size = batch_size or 32
 
-        def dataset_fn(context):
+        def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
             dataset = tf.data.Dataset.from_tensor_slices(data)
             if context.num_input_pipelines > 1:
                 dataset = dataset.shard(
@@ -220,17 +260,17 @@ class _Data:
         steps = steps or math.ceil(examples / batch_size)
         return dataset_fn(tf.distribute.InputContext()), steps
 
-    def _per_worker(self):
+    def _per_worker(self) -> tf.distribute.DistributedDataset:
         return self.strategy.distribute_datasets_from_function(self.dataset_fn)
 
 
-def _repeated(dataset):
+def _repeated(dataset: tf.data.Dataset) -> tf.data.Dataset:
     if dataset.cardinality() == tf.data.INFINITE_CARDINALITY:
         return dataset
     return dataset.repeat()
 
 
-def _skipped_steps(model):
+def _skipped_steps(model: keras.Model) -> int:
     """Steps a resumed epoch already trained (`BackupAndRestore`)."""
     engine = engine_state.of(model)
     plan = engine.resume_plan
@@ -241,7 +281,7 @@ def _skipped_steps(model):
 
 
 @contextlib.contextmanager
-def _lost_servers_explained():
+def _lost_servers_explained() -> Iterator[None]:
     """A parameter server lost (the coordinator's `UnavailableError`), said
     with what to do; a lost worker is no error (its steps go to others)."""
     try:
@@ -256,22 +296,22 @@ def _lost_servers_explained():
         ) from error
 
 
-def _epoch_logs(model, last):
+def _epoch_logs(model: keras.Model, last: Any) -> dict[str, Any]:
     """The metrics' results (their state summed over the epoch's steps on
     the parameter servers) and the last step's other outputs."""
-    logs = {}
+    logs: dict[str, Any] = {}
     if last is not None:
         logs = {k: _number(v) for k, v in last.fetch().items()}
     metrics = {k: _number(v) for k, v in model.get_metrics_result().items()}
     return {**logs, **metrics}
 
 
-def _number(value):
-    value = np.asarray(value)
-    return value.item() if value.size == 1 else value
+def _number(value: Any) -> float | npt.NDArray[Any]:
+    array: npt.NDArray[Any] = np.asarray(value)
+    return array.item() if array.size == 1 else array
 
 
-def _refuse(unsupported):
+def _refuse(unsupported: dict[str, Any]) -> None:
     for name, value in unsupported.items():
         if value not in (None, 0, 0.0, 1, False):
             raise ValueError(

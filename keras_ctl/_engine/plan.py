@@ -1,6 +1,10 @@
 """`StepPlan`: the decisions a step function is built with, made once."""
 
+from __future__ import annotations
+
 import dataclasses
+
+import keras
 
 XLA_MODES = ("off", "whole_step", "per_replica_pass")
 
@@ -23,7 +27,7 @@ class StepPlan:
     run_eagerly: bool = False
     xla: str = "off"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.steps_per_execution < 1:
             raise ValueError(
                 "Expected `steps_per_execution` >= 1. Received: "
@@ -40,7 +44,7 @@ class StepPlan:
             )
 
     @classmethod
-    def for_model(cls, model, default_loss):
+    def for_model(cls, model: keras.Model, default_loss: bool) -> StepPlan:
         """The plan for `model`'s compile options.
 
         Args:

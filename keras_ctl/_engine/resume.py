@@ -1,7 +1,13 @@
 """Where a restarted `fit()` picks up a killed run's epoch: the batches to
 skip (`ResumePlan`) and the metrics' state (`MetricStates`)."""
 
+from collections.abc import Iterable
+from collections.abc import Iterator
+from typing import Any
+
+import keras
 import numpy as np
+import tensorflow as tf
 
 from keras_ctl import _keras
 from keras_ctl._replicas import assign_whole
@@ -23,13 +29,13 @@ class ResumePlan:
             the data ends the epoch).
     """
 
-    def __init__(self, batches_done, steps_per_epoch):
+    def __init__(self, batches_done: int, steps_per_epoch: int | None) -> None:
         self.batches_done = batches_done
         self._skip = batches_done
         self._left = None if steps_per_epoch is None else steps_per_epoch - batches_done
         self.finished = False
 
-    def before_call(self, iterator, steps_per_call):
+    def before_call(self, iterator: Iterator[Any], steps_per_call: int) -> None:
         """Skips the trained batches (first call); ends the epoch when done.
 
         Raises:
@@ -67,12 +73,12 @@ class MetricStates:
         saved: `{metric name: [variable values]}`, as `read` returns it.
     """
 
-    def __init__(self, saved):
+    def __init__(self, saved: dict[str, list[Any]]) -> None:
         self._saved = saved
-        self._pending = {}
+        self._pending: dict[str, list[Any]] = {}
 
     @staticmethod
-    def read(metrics):
+    def read(metrics: Iterable[keras.metrics.Metric]) -> dict[str, list[Any]]:
         """`{metric name: [variable values as lists]}` of built `metrics`.
 
         Under several workers every worker must call it, in the same order:
@@ -83,7 +89,9 @@ class MetricStates:
             if metric.variables
         }
 
-    def restore(self, metrics, strategy):
+    def restore(
+        self, metrics: Iterable[keras.metrics.Metric], strategy: tf.distribute.Strategy
+    ) -> None:
         """Writes the saved state into the built `metrics`; keeps the rest
         (a metric not built, or not yet listed) for `add_to_first_batch`."""
         self._pending = dict(self._saved)
@@ -94,7 +102,9 @@ class MetricStates:
                     assign_whole(variable.value, value, strategy)
                 del self._pending[metric.name]
 
-    def add_to_first_batch(self, metrics, strategy):
+    def add_to_first_batch(
+        self, metrics: Iterable[keras.metrics.Metric], strategy: tf.distribute.Strategy
+    ) -> bool:
         """Adds the saved state of the metrics built by the first step;
         returns whether any was."""
         added = False

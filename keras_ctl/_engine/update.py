@@ -10,16 +10,22 @@ every replica takes the same decision.
 """
 
 import warnings
+from collections.abc import Iterable
+from collections.abc import Sequence
 
+import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl._replicas import Gradient
 
 
-def divide(gradients, divisor):
+def divide(
+    gradients: Sequence[Gradient | None], divisor: tf.Tensor | int
+) -> list[Gradient | None]:
     """Each gradient over `divisor` (0 when it is 0: no example anywhere)."""
 
-    def over(g):
+    def over(g: Gradient | None) -> Gradient | None:
         if g is None:
             return None
         d = tf.cast(divisor, g.dtype)
@@ -32,7 +38,11 @@ def divide(gradients, divisor):
     return [over(g) for g in gradients]
 
 
-def apply_summed(optimizer, gradients, variables):
+def apply_summed(
+    optimizer: keras.optimizers.Optimizer,
+    gradients: Sequence[Gradient | None],
+    variables: Iterable[keras.Variable],
+) -> None:
     """Applies gradients already summed across replicas, without summing
     them again."""
     variables = list(variables)

@@ -1,6 +1,10 @@
 """Plain accessors of Keras internals: the compiled loss and metrics, loss
 trackers, the epoch counter, layers; each says why no public hook does it."""
 
+from typing import Any
+from typing import NoReturn
+
+import keras
 import tensorflow as tf
 from keras import tree
 
@@ -8,7 +12,7 @@ from keras_ctl._keras import names
 from keras_ctl._keras.state import record_write
 
 
-def compile_loss(model):
+def compile_loss(model: keras.Model) -> Any:
     """The model's `CompileLoss` built by `compile(loss=...)`, or `None`.
 
     Keras exposes only `model.compute_loss`, which reduces each output on its
@@ -18,7 +22,7 @@ def compile_loss(model):
     return names.attribute(model, "_compile_loss")
 
 
-def compile_loss_terms(compile_loss):
+def compile_loss_terms(compile_loss: Any) -> list[tuple[Any, ...]]:
     """`[(path, loss_fn, loss_weight, name)]`, one per output with a loss.
 
     `CompileLoss._flat_losses`, filled when the loss is built (see
@@ -28,13 +32,15 @@ def compile_loss_terms(compile_loss):
     return [tuple(term) for term in names.attribute(compile_loss, "_flat_losses")]
 
 
-def user_loss(compile_loss):
+def user_loss(compile_loss: Any) -> Any:
     """The `loss` given to `compile()`, as given (`CompileLoss._user_loss`):
     where it is `None` for an output, that output has no label."""
     return names.attribute(compile_loss, "_user_loss")
 
 
-def pack_like_compile_loss(compile_loss, y_true, y_pred):
+def pack_like_compile_loss(
+    compile_loss: Any, y_true: Any, y_pred: Any
+) -> tuple[Any, Any]:
     """Builds `compile_loss` on first use and packs `y_true`/`y_pred` like it.
 
     Mirrors the structure handling at the top of `CompileLoss.call`, which is
@@ -57,13 +63,13 @@ def pack_like_compile_loss(compile_loss, y_true, y_pred):
     )
 
 
-def per_output_loss_trackers(compile_loss):
+def per_output_loss_trackers(compile_loss: Any) -> list[keras.metrics.Metric]:
     """The `Mean` of each output's loss (`<output>_loss` in the logs), in the
     order of `compile_loss_terms`: `CompileLoss.metrics`."""
     return compile_loss.metrics
 
 
-def loss_tracker(model):
+def loss_tracker(model: keras.Model) -> keras.metrics.Mean:
     """The `Mean` behind the logged `loss` (`Trainer._loss_tracker`).
 
     Keras creates it in `compile()` and lists it first in `model.metrics`,
@@ -72,7 +78,9 @@ def loss_tracker(model):
     return names.attribute(model, "_loss_tracker")
 
 
-def add_to_mean(tracker, total, count):
+def add_to_mean(
+    tracker: keras.metrics.Mean, total: tf.Tensor | float, count: tf.Tensor | float
+) -> None:
     """Adds to a `keras.metrics.Mean`'s running `total` and `count`.
 
     `Mean.update_state` divides nothing but takes one value per example; the
@@ -100,13 +108,13 @@ def _add(variable, value):
     variable.value.assign_add(value)
 
 
-def compile_metrics(model):
+def compile_metrics(model: keras.Model) -> Any:
     """The `CompileMetrics` built by `compile(metrics=...)`, or `None`
     (`Trainer._compile_metrics`)."""
     return names.attribute(model, "_compile_metrics")
 
 
-def add_metric_update(metric, *args):
+def add_metric_update(metric: keras.metrics.Metric, *args: Any) -> None:
     """Adds `metric`'s update on this replica's data to its variables.
 
     `stateless_update_state` gives the updated state without assigning it;
@@ -119,7 +127,7 @@ def add_metric_update(metric, *args):
         _add(variable, new - old)
 
 
-def all_layers(model):
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     """Every layer inside `model`, nested ones too (`Layer._flatten_layers`,
     Keras 3.12-3.15: no public accessor walks a subclassed model's
     attributes)."""
@@ -127,7 +135,9 @@ def all_layers(model):
     return list(flatten(include_self=False, recursive=True))
 
 
-def user_compute_loss(model, x, y, y_pred, sample_weight, training):
+def user_compute_loss(
+    model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool
+) -> tf.Tensor:
     """Calls a subclass's `compute_loss`, with `training` when it takes it.
 
     `Trainer._compute_loss`: the compatibility wrapper Keras's own steps use
@@ -137,20 +147,20 @@ def user_compute_loss(model, x, y, y_pred, sample_weight, training):
     return compute_loss(x, y, y_pred, sample_weight, training=training)
 
 
-def initial_epoch(model):
+def initial_epoch(model: keras.Model) -> int | None:
     """The epoch the next `fit()` starts at, when a restored backup set one
     (`Trainer._initial_epoch`), else `None`."""
     return names.attribute(model, "_initial_epoch", None)
 
 
-def set_initial_epoch(model, epoch):
+def set_initial_epoch(model: keras.Model, epoch: int) -> None:
     """Makes the next `fit()` start at `epoch` (what Keras's own
     `BackupAndRestore` sets on restore: `Trainer._initial_epoch`)."""
     # Keras sets it only in `BackupAndRestore`; `fit()` reads it.
     model._initial_epoch = epoch
 
 
-def end_epoch_early():
+def end_epoch_early() -> NoReturn:
     """Ends the current epoch from inside the train function.
 
     Keras's epoch loop ends an epoch when the train function raises
@@ -166,7 +176,9 @@ def end_epoch_early():
 RAN_OUT_OF_DATA = "Your input ran out of data"
 
 
-def strategy_of_variable(variable):
+def strategy_of_variable(
+    variable: keras.Variable,
+) -> tf.distribute.Strategy | None:
     """The strategy a Keras variable was created under (`None`: none): its
     TensorFlow variable's `_distribute_strategy` (a `MirroredVariable` has
     a public `distribute_strategy`, a plain `tf.Variable` none)."""

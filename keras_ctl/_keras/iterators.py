@@ -13,6 +13,7 @@ workers whether any replica still has data (`next_batch`).
 """
 
 import warnings
+from typing import Any
 
 from keras_ctl._keras import names
 
@@ -52,14 +53,14 @@ class DeferredIterator:
         self._iterator = None
         self.batches_left = batches
 
-    def batches_for_call(self, steps_per_execution):
+    def batches_for_call(self, steps_per_execution: int) -> int | None:
         """How many steps a call of up to `steps_per_execution` steps runs,
         or `None` when that depends on whether the data lasts."""
         if self.batches_left is None or self.batches_left <= 0:
             return None
         return min(steps_per_execution, self.batches_left)
 
-    def took(self, batches):
+    def took(self, batches: int) -> None:
         if self.batches_left is not None:
             self.batches_left -= batches
 
@@ -78,7 +79,7 @@ class DeferredIterator:
         return batch
 
 
-def next_batch(iterator):
+def next_batch(iterator: Any) -> Any:
     """The next batch of every replica, read without agreeing on whether
     there is one: for an iterator known to hold another batch.
 
@@ -99,12 +100,12 @@ def next_batch(iterator):
     return read()
 
 
-def opened(iterator):
+def opened(iterator: Any) -> Any:
     """`iterator`, or the real iterator behind a deferred one."""
     return iterator.opened() if isinstance(iterator, DeferredIterator) else iterator
 
 
-def replay_epochs(iterator, epochs):
+def replay_epochs(iterator: Any, epochs: int) -> None:
     """Opens and drops `epochs` iterators of the data behind `iterator`, a
     deferred iterator not opened yet, as that many epochs of an
     uninterrupted run did: a pipeline that reshuffles each epoch (a

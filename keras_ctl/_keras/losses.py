@@ -2,6 +2,9 @@
 denominator, taken from Keras's own reduction, made global."""
 
 import contextlib
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -28,14 +31,17 @@ class LossParts(NamedTuple):
     """
 
     total: tf.Tensor
-    count: object
-    per_example: object
+    # Shadows `tuple.count`, which nothing calls on these.
+    count: tf.Tensor | None  # type: ignore[assignment]
+    per_example: int | None
 
 
 _MEAN_REDUCTIONS = ("mean", "sum_over_batch_size", "mean_with_sample_weight")
 
 
-def loss_parts(loss, y_true, y_pred, sample_weight=None):
+def loss_parts(
+    loss: Callable[..., Any], y_true: Any, y_pred: Any, sample_weight: Any = None
+) -> LossParts | None:
     """Calls `loss(y_true, y_pred, sample_weight)` and returns its
     `LossParts` on this replica, or `None` for `reduction=None`.
 
@@ -114,7 +120,7 @@ def _zero_unless(condition, value):
 
 
 @contextlib.contextmanager
-def rows_of_global_batch():
+def rows_of_global_batch() -> Iterator[None]:
     """Within it (this thread), the rows a loss reduces are the global
     batch's, gathered on every replica
     (`CTLModel.compile(compute_loss_over="global_batch")`): it reduces them

@@ -3,6 +3,7 @@ logged values are metric results."""
 
 import contextlib
 import threading
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -71,7 +72,7 @@ def _one_value(values):
 
 _noting = threading.Lock()
 # id(metric) -> [metric, replica steps using its wrapper], while steps run.
-_wrapped = {}
+_wrapped: dict[int, list[Any]] = {}
 
 
 @contextlib.contextmanager
@@ -100,7 +101,7 @@ def results_noted(metrics):
                 entry = _wrapped[id(metric)] = [metric, 0]
             entry[1] += 1
             mine.append(entry)
-    results = {}
+    results: dict[int, tuple[Any, keras.metrics.Metric, str | None]] = {}
     previous = getattr(_in_step, "results", None)
     _in_step.results = results
     try:
@@ -133,7 +134,7 @@ def _noting_result(metric):
     return result
 
 
-def metric_results_among(outputs, noted):
+def metric_results_among(outputs: Any, noted: Any) -> dict[str, Any]:
     """`{key: (metric, entry)}` for the top-level values of `outputs` (a
     dict) that are metric results noted by `results_noted`."""
     if not isinstance(outputs, dict):

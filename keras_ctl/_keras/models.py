@@ -1,6 +1,8 @@
 """Building a model from its data's shapes, pickling, registration."""
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -26,6 +28,9 @@ class SymbolicBuildFromFirstReplica:
     CPU). Data whose spec is unknown gives the first replica's part of its
     first batch instead. There is no public hook before the first step.
     """
+
+    # Keras's, on the model this is mixed into.
+    distribute_strategy: tf.distribute.Strategy
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         if iterator is not None:
@@ -124,7 +129,7 @@ def _callable_model(model):
 
 def _batch_spec(epoch_iterator):
     """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
-    adapter = getattr(epoch_iterator, "data_adapter", None)
+    adapter: Any = getattr(epoch_iterator, "data_adapter", None)
     try:
         dataset = adapter.get_tf_dataset()
     except Exception:  # an adapter without a tf.data form
@@ -141,7 +146,7 @@ def _defer_iterators(epoch_iterator):
     """
     dataset = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
-        adapter = getattr(epoch_iterator, "data_adapter", None)
+        adapter: Any = getattr(epoch_iterator, "data_adapter", None)
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and
         # the batches their `num_batches` counts (None when unknown or
         # infinite): an array's batches, a dataset's finite cardinality.
@@ -161,7 +166,7 @@ def _first_replica_batches(epoch_iterator, strategy):
         yield begin, end, (strategy.experimental_local_results(b)[0] for b in batches)
 
 
-def build_from_spec(model, element_spec):
+def build_from_spec(model: keras.Model, element_spec: Any) -> None:
     """Builds `model` (under its strategy) from the shapes of a batch, as
     `fit()` does before its first step (`_maybe_symbolic_build`)."""
     names.attribute(model, "_maybe_symbolic_build")(data_batch=element_spec)
@@ -173,7 +178,7 @@ def strategy_created_under(model):
 
 
 @contextlib.contextmanager
-def without_strategy(model):
+def without_strategy(model: keras.Model) -> Iterator[None]:
     """Within it, `model.distribute_strategy` is the current (default) one:
     the strategy the model was created under (`Trainer._distribute_strategy`)
     is set aside."""

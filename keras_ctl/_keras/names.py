@@ -94,7 +94,7 @@ def inventory():
     off the calls in its source (`kind`: "module", "member" or
     "attribute"; `where`: the module path, or `None` for an attribute of
     an object)."""
-    found = set()
+    found: set[tuple[str, object, object]] = set()
     for path in sorted(pathlib.Path(__file__).parent.glob("*.py")):
         if path.name == "names.py":
             continue  # the lookups themselves

@@ -2,7 +2,10 @@
 the EMA after the replicas' step, gradient accumulation's counters."""
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
+import keras
 import tensorflow as tf
 
 from keras_ctl._keras import names
@@ -17,7 +20,7 @@ _EMA_DEFERRED = "_keras_ctl_ema_deferred"
 
 
 @contextlib.contextmanager
-def gradients_already_summed(optimizer):
+def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
     """Within it, `optimizer` applies gradients as given, without summing them
     across replicas first.
 
@@ -49,7 +52,7 @@ def gradients_already_summed(optimizer):
     # This thread's own record: replica threads share the optimizer, and
     # one replica may enter its next `apply` while another is still inside
     # this one (a GAN's discriminator steps).
-    outer = getattr(_in_step, "summed", frozenset())
+    outer: frozenset[int] = getattr(_in_step, "summed", frozenset())
     _in_step.summed = outer | {id(member) for member in family}
     try:
         yield
@@ -80,7 +83,7 @@ class EmaAfterStep:
     nothing.
     """
 
-    def __init__(self, optimizers):
+    def __init__(self, optimizers: list[Any]) -> None:
         self.members = [
             member
             for optimizer in optimizers
@@ -89,7 +92,7 @@ class EmaAfterStep:
         ]
         self.before = [tf.identity(member.iterations) for member in self.members]
 
-    def update(self):
+    def update(self) -> None:
         for member, before in zip(self.members, self.before):
             if vars(member).pop(_EMA_DEFERRED, False):
                 applied = tf.not_equal(member.iterations, before)
@@ -147,26 +150,28 @@ def summed_gradients_switch(original):
     return all_reduce_sum_gradients
 
 
-def micro_batch_iterations(optimizer):
+def micro_batch_iterations(optimizer: keras.optimizers.Optimizer) -> keras.Variable:
     """The steps an optimizer with `gradient_accumulation_steps` has seen
     (`BaseOptimizer._iterations`; its public `iterations` counts updates)."""
     return names.attribute(optimizer, "_iterations")
 
 
-def keras_accumulators(optimizer):
+def keras_accumulators(optimizer: keras.optimizers.Optimizer) -> list[keras.Variable]:
     """Keras's accumulator of each variable (`BaseOptimizer.
     _accumulated_gradients`, created by `build()` when the optimizer has
     `gradient_accumulation_steps`)."""
     return names.attribute(optimizer, "_accumulated_gradients")
 
 
-def count_micro_batch(optimizer):
+def count_micro_batch(optimizer: keras.optimizers.Optimizer) -> None:
     """Counts a step that only accumulated, as Keras's `apply` does."""
     names.attribute(optimizer, "_iterations").assign_add(1)
 
 
 @contextlib.contextmanager
-def one_update_of_accumulated_steps(optimizer):
+def one_update_of_accumulated_steps(
+    optimizer: keras.optimizers.Optimizer,
+) -> Iterator[None]:
     """Within it (cross-replica context, around the replicas' step),
     `optimizer.apply` makes the update Keras's `apply` makes on every
     `gradient_accumulation_steps`-th step, with the gradients given (the

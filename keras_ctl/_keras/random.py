@@ -4,6 +4,7 @@ one device makes them (`draw_rows_as_one_device`)."""
 import contextlib
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -20,7 +21,9 @@ class NeedsEagerStep(RuntimeError):
 
 _lock = threading.Lock()
 # strategy -> {replica id: SeedGenerator}, for as long as the strategy lives.
-_generators = weakref.WeakKeyDictionary()
+_generators: weakref.WeakKeyDictionary[tf.distribute.Strategy, dict[int, Any]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def per_replica_generators(original):

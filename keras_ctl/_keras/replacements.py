@@ -16,6 +16,8 @@ through `names` (3.16 moved some).
 import contextlib
 import functools
 import threading
+from collections.abc import Iterator
+from typing import Any
 from typing import Callable
 from typing import NamedTuple
 
@@ -230,8 +232,9 @@ REPLACEMENTS = (
 _lock = threading.Lock()
 _users = 0
 # (owner, name, Keras's own entry of `vars(owner)` or `_ABSENT`, replacement)
-_installed = []
-_kept = []  # the same, for the rows `keep_sharded_reads` keeps in place
+_installed: list[tuple[object, str, object, object]] = []
+# The same, for the rows `keep_sharded_reads` keeps in place.
+_kept: list[tuple[object, str, object, object]] = []
 _ABSENT = object()
 
 # The one exception to "only while keras_ctl runs": reads of a variable
@@ -290,7 +293,7 @@ def _install():
 # Each replacement made once per original: the same function object every
 # call, so what TensorFlow caches by function (autograph's conversions)
 # stays valid from one keras_ctl call to the next.
-_made = {}
+_made: dict[tuple[Replacement, int], tuple[object, object]] = {}
 
 
 def _put_in_place(replacement):
@@ -344,20 +347,22 @@ def replica_step(written=None, stands_for_trace=False):
             vars(_in_step).update(previous)
 
 
-def loss_parts(loss, y_true, y_pred, sample_weight=None):
+def loss_parts(
+    loss: Callable[..., Any], y_true: Any, y_pred: Any, sample_weight: Any = None
+) -> losses.LossParts | None:
     """`losses.loss_parts`, with the exact reduction in place."""
     with in_effect():
         return losses.loss_parts(loss, y_true, y_pred, sample_weight)
 
 
 @contextlib.contextmanager
-def gradients_already_summed(optimizer):
+def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
     """`optimizers.gradients_already_summed`, with Keras's all-reduce of
     gradients switchable."""
     with in_effect(), optimizers.gradients_already_summed(optimizer):
         yield
 
 
-def updated_metrics(metrics, written):
+def updated_metrics(metrics: list[Any], written: set[int]) -> list[Any]:
     """The `metrics` any of whose variables a step assigned (`written`)."""
     return [m for m in metrics if any(id(v) in written for v in m.variables)]

@@ -14,7 +14,7 @@ import tensorflow as tf
 _in_step = threading.local()
 
 
-def record_write(variable):
+def record_write(variable: object) -> None:
     """Notes that this replica step assigns `variable` (see `replica_step`'s
     `written`)."""
     written = getattr(_in_step, "written", None)
@@ -22,19 +22,19 @@ def record_write(variable):
         written.add(id(variable))
 
 
-def count_only_real_examples(batch_size):
+def count_only_real_examples(batch_size: tf.Tensor) -> None:
     """Tells synchronized BatchNorm in this replica step that only the first
     `batch_size` examples are real (the rest is a placeholder)."""
     _in_step.real_examples = batch_size
 
 
-def real_examples():
+def real_examples() -> tf.Tensor | None:
     """The number of real examples of this replica step's batch when it was
     padded with a placeholder (`count_only_real_examples`), else `None`."""
     return getattr(_in_step, "real_examples", None)
 
 
-def without_placeholder(values):
+def without_placeholder(values: tf.Tensor) -> tf.Tensor:
     """`values` (batch first) without the placeholder rows of an empty
     replica's batch: all of them when the batch has real examples, none
     when it had none. Rows are not sliced to `real_examples()`: a step may
@@ -44,4 +44,3 @@ def without_placeholder(values):
     if real is None:
         return values
     return values[: tf.where(real > 0, tf.shape(values)[0], 0)]
-

@@ -1,12 +1,17 @@
 """Variables that workers share or that parameter servers shard:
 atomic updates, per-shard gradients and updates, whole reads."""
 
+from collections.abc import Iterable
+from typing import Any
+
+import keras
 import numpy as np
 import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
 from keras_ctl._keras.state import record_write
+from keras_ctl._replicas import Gradient
 from keras_ctl.distribute import topology
 
 
@@ -51,7 +56,9 @@ def atomic_update(original, native):
     return update
 
 
-def gradients(tape, target, variables):
+def gradients(
+    tape: tf.GradientTape, target: tf.Tensor, variables: Iterable[keras.Variable]
+) -> list[Gradient | None]:
     """`tape.gradient(target, variables)`, for variables sharded across
     parameter servers too.
 
@@ -64,7 +71,8 @@ def gradients(tape, target, variables):
     update again). Checked on Keras 3.12.0 and 3.15.1.
     """
     variables = list(variables)
-    sources, shards = [], []
+    sources: list[Any] = []
+    shards: list[list[Any]] = []
     for variable in variables:
         parts = _shards_of(variable)
         shards.append(parts)

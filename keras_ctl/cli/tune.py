@@ -1,6 +1,7 @@
 """`keras-ctl tune {classifier,gan}`: a keras-tuner random search."""
 
 import pathlib
+from typing import Any
 
 from keras_ctl.cli import common
 
@@ -33,7 +34,10 @@ def run(args):
     if args.task == "gan":
         hypermodel = GANHyperModel(shape, batch_sizes_per_replica=[16, 32])
         objective = "g_loss"
-        fit_args = ([np.concatenate([x_train, x_test])], {})
+        fit_args: tuple[list[Any], dict[str, Any]] = (
+            [np.concatenate([x_train, x_test])],
+            {},
+        )
     else:
         hypermodel, objective = (
             Classifier(batch_sizes_per_replica=[16, 32]),

@@ -6,22 +6,10 @@ every function and class has a docstring with an example."""
 import inspect
 import pathlib
 
+from public_api import public_objects
+from public_api import user_methods
+
 import keras_ctl
-
-EXTRA = ("CTLHyperModel", "tuning")
-
-
-def public_objects():
-    """`(qualified name, object)` of each public function and class."""
-    for name in (*keras_ctl.__all__, *EXTRA):
-        obj = getattr(keras_ctl, name)
-        if inspect.ismodule(obj):
-            for member, value in vars(obj).items():
-                own = getattr(value, "__module__", None) == obj.__name__
-                if own and not member.startswith("_") and callable(value):
-                    yield f"{name}.{member}", value
-        else:
-            yield name, obj
 
 
 def callables():
@@ -99,24 +87,11 @@ def test_the_package_says_it_is_typed():
     assert (pathlib.Path(keras_ctl.__file__).parent / "py.typed").is_file()
 
 
-# What a user calls, besides the functions: the methods Keras does not
-# document for them (Keras's hooks, `train_step` to `get_config`, keep
-# Keras's documentation).
-USER_METHODS = {
-    "CTLModel": (
-        "from_model compile fit evaluate predict save save_weights compute_loss "
-        "optimizers_and_variables"
-    ),
-    "GAN": "compile call fit train_discriminator train_generator",
-    "CTLHyperModel": "fit batch_size_per_replica",
-}
-
-
 def test_what_a_user_calls_says_its_arguments_returns_and_an_example():
+    # The functions, and the methods Keras does not document for a user
+    # (`public_api.USER_METHODS`).
     calls = [(n, f) for n, f in public_objects() if not inspect.isclass(f)]
-    for class_name, methods in USER_METHODS.items():
-        owner = getattr(keras_ctl, class_name)
-        calls += [(f"{class_name}.{m}", getattr(owner, m)) for m in methods.split()]
+    calls += list(user_methods())
     incomplete = []
     for name, function in calls:
         doc = inspect.getdoc(function) or ""

@@ -1,0 +1,211 @@
+"""One step on every replica, and its logs reduced once: what each loop
+shape of `loop.py` runs.
+
+    outputs = strategy.run(step, data)          # with accumulation and EMA
+    logs = strategy.run(replica logs, outputs)  # one collective for all logs
+
+What tracing the step notes for its logs (the variables it writes, the
+logged values that are metric results) is a `Trace`, which the loop makes
+for each function it traces and hands to the step and then to its logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+from typing import NamedTuple
+
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl import _keras
+from keras_ctl import outputs as outputs_module
+from keras_ctl._engine import own_step
+from keras_ctl._engine.autograph import not_converted
+from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.state import EngineState
+from keras_ctl._replicas import rows_and_offset
+from keras_ctl.distribute import preemption
+from keras_ctl.distribute import topology
+
+
+class StepParts(NamedTuple):
+    """What a train or test function runs besides its step and plan.
+
+    The callables are read when the step is traced (or, for
+    `builds_on_first_use`, at the first call): a model's optimizers and
+    metrics can be built lazily.
+
+    Attributes:
+        strategy: The strategy the step runs under.
+        state: The model's `EngineState` (accumulation, resume plan).
+        optimizers: Returns the optimizers the step updates.
+        metrics: Returns the model's metrics, whose state the step updates.
+        builds_on_first_use: Returns whether the first step creates
+            variables (optimizers, compiled loss or metrics built on first
+            use), so it must run eagerly under several replicas.
+        reads_as_one_device: Whether the step is the user's own, read as
+            one device's code (`own_step`).
+        random_as_one_device: Whether Keras's random draws of a batch's
+            rows draw one device's numbers for them
+            (`compile(random_draws="as_one_device")`).
+    """
+
+    strategy: tf.distribute.Strategy
+    state: EngineState
+    optimizers: Callable[[], list[Any]]
+    metrics: Callable[[], list[Any]]
+    builds_on_first_use: Callable[[], bool]
+    reads_as_one_device: bool = False
+    random_as_one_device: bool = False
+
+
+@dataclasses.dataclass
+class Trace:
+    """What one traced function's steps noted, for its logs.
+
+    Attributes:
+        stands_for_trace: The steps run eagerly in place of a traced
+            function (the first step, when it builds state), so they
+            report what a trace would (`_keras.replica_step`).
+        written: The ids of the variables the steps assigned: the logs
+            re-read only the metrics they updated.
+        results: The logged values that are metric results,
+            `{key: (metric, entry)}`.
+    """
+
+    stands_for_trace: bool = False
+    written: set[int] = dataclasses.field(default_factory=set)
+    results: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def add(self, other: Trace) -> None:
+        """Adds what `other`, a trace of a step within this one, noted."""
+        self.written |= other.written
+        self.results.update(other.results)
+
+
+class ReplicaStep:
+    """`step` on every replica (`run`) and its logs (`logs`).
+
+    Args:
+        parts: The `StepParts` the step runs with.
+        step: `step(data) -> outputs`, run on every replica.
+        plan: The `StepPlan`.
+        training: Whether this is the train step: it runs the model's
+            gradient accumulation and updates the optimizers' EMA.
+    """
+
+    def __init__(
+        self,
+        parts: StepParts,
+        step: Callable[[Any], Any],
+        plan: StepPlan,
+        training: bool,
+    ) -> None:
+        self.parts = parts
+        self.step = step
+        self.training = training
+        self.strategy = parts.strategy
+        self.compiled = plan.xla == "whole_step"
+        # Workers share a preemption notice through the logs' all-reduce.
+        self.notice = None
+        if topology.of(self.strategy).workers > 1:
+            self.notice = preemption.notice_variable()
+        self.draws_as_one_device = (
+            parts.random_as_one_device and self.strategy.num_replicas_in_sync > 1
+        )
+        if self.compiled:
+            # One XLA function, traced once: its trace notes into its own
+            # `Trace`, which each call adds to its caller's.
+            self._compiled_trace = Trace()
+            self._compiled_step = tf.function(
+                lambda data: self._on_every_replica(data, self._compiled_trace),
+                jit_compile=True,
+                reduce_retracing=True,
+                autograph=False,
+            )
+
+    @not_converted
+    def run(self, data: Any, trace: Trace) -> Any:
+        """The step on every replica; returns each replica's own outputs."""
+        if not self.compiled:
+            return self._on_every_replica(data, trace)
+        outputs = self._compiled_step(data)
+        trace.add(self._compiled_trace)
+        return outputs
+
+    def _on_every_replica(self, data: Any, trace: Trace) -> Any:
+        def run() -> Any:
+            return self.strategy.run(lambda d: self._replica(d, trace), args=(data,))
+
+        if not self.training:
+            return run()
+        ema = _keras.EmaAfterStep(self.parts.optimizers())
+        accumulation = self.parts.state.accumulation
+        outputs = accumulation.run(run) if accumulation else run()
+        ema.update()
+        return outputs
+
+    def _replica(self, data: Any, trace: Trace) -> Any:
+        data = optionals_to_none(data)
+        with (
+            _keras.replica_step(trace.written, trace.stands_for_trace),
+            _random_rows_as_one_device(data, self.draws_as_one_device),
+        ):
+            with _keras.results_noted(self.parts.metrics()) as noted:
+                if self.parts.reads_as_one_device:
+                    outputs = own_step.run_as_one_device(self.step, data)
+                else:
+                    outputs = self.step(data)
+            trace.results.update(_keras.metric_results_among(outputs, noted))
+            return outputs
+
+    @not_converted
+    def logs(self, outputs: Any, trace: Trace) -> Any:
+        """The logs of the step that gave `outputs`, the same on every
+        replica: one collective (after the updates' ones, so in the same
+        order on every replica)."""
+        logs = self.strategy.run(lambda o: self._replica_logs(o, trace), (outputs,))
+        return tf.nest.map_structure(
+            lambda value: self.strategy.experimental_local_results(value)[0], logs
+        )
+
+    def _replica_logs(self, outputs: Any, trace: Trace) -> Any:
+        outputs, fraction = own_step.logs_and_fraction(outputs)
+        if self.notice is not None and isinstance(outputs, dict):
+            shared = outputs_module.ReplicaSum(self.notice.read_value())
+            outputs = {**outputs, preemption.NOTICE_LOG: shared}
+        updates_done = [tf.identity(o.iterations) for o in self.parts.optimizers()]
+        with tf.control_dependencies(updates_done):
+            updated = _keras.updated_metrics(self.parts.metrics(), trace.written)
+            return outputs_module.reduce_step_logs(
+                outputs, updated, trace.results, fraction
+            )
+
+    def one(self, data: Any) -> Any:
+        """One step and its logs."""
+        trace = Trace()
+        return self.logs(self.run(data, trace), trace)
+
+
+@contextlib.contextmanager
+def _random_rows_as_one_device(data: Any, as_one_device: bool) -> Iterator[None]:
+    """Within it, this replica's random draws of its rows are one device's
+    (`_keras.draw_rows_as_one_device`), when `as_one_device`."""
+    if not as_one_device:
+        yield
+        return
+    rows = tf.shape([t for t in tree.flatten(data) if t is not None][0])[0]
+    with _keras.draw_rows_as_one_device(*rows_and_offset(rows)):
+        yield
+
+
+def optionals_to_none(data: Any) -> Any:
+    """`data`, an empty optional (a replica without a batch) as `None`."""
+    return tree.map_structure(
+        lambda value: None if isinstance(value, tf.experimental.Optional) else value,
+        data,
+    )
