@@ -99,10 +99,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     ```
     """
 
-    # See `compile()`.
-    _gradient_accumulation = "micro_batches"
-    _compute_loss_over = "replica_batch"
-
     # What `help(CTLModel)` shows. Not on `__init__`: Keras reads its
     # arguments from `__init__`'s own signature (`Operation.__new__`).
     __signature__ = _signature.ConstructorSignature(_signature.MODEL_CONSTRUCTOR)
@@ -305,7 +301,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         test_pass = self._engine.test_pass
         step = test_pass(data, batch_size) if test_pass else None
         if step is None:
-            if self._uses_default_loss():
+            if not is_users_own(self, "compute_loss"):
                 # Without gradients, the loss tracker can often do without
                 # the count's collective (the logs' one collective gives it
                 # exactly).
@@ -473,20 +469,23 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 raise ValueError(
                     f"Expected `{name}` in {choices}. Received: {name}={value!r}."
                 )
-        self._gradient_accumulation = gradient_accumulation
-        self._compute_loss_over = compute_loss_over
-        self._engine.random_draws = random_draws
+        engine = self._engine
+        engine.gradient_accumulation = gradient_accumulation
+        engine.compute_loss_over = compute_loss_over
+        engine.random_draws = random_draws
         object.__setattr__(self, "_logged_metric_names", None)
         super().compile(*args, **kwargs)
 
     def get_compile_config(self) -> dict[str, Any] | None:
         config = super().get_compile_config()
-        if config and self._gradient_accumulation != "micro_batches":
-            config["gradient_accumulation"] = self._gradient_accumulation
-        if config and self._compute_loss_over != "replica_batch":
-            config["compute_loss_over"] = self._compute_loss_over
-        if config and self._engine.random_draws != "per_replica":
-            config["random_draws"] = self._engine.random_draws
+        engine = self._engine
+        for name, default in (
+            ("gradient_accumulation", "micro_batches"),
+            ("compute_loss_over", "replica_batch"),
+            ("random_draws", "per_replica"),
+        ):
+            if config and getattr(engine, name) != default:
+                config[name] = getattr(engine, name)
         return config
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
@@ -758,15 +757,12 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             '"per_replica" to keep XLA with each replica\'s own draws.'
         )
 
-    def _uses_default_loss(self):
-        return type(self).compute_loss is CTLModel.compute_loss
-
     def _step_function(self, step, training):
         """Returns `(compiled pass or None, function running step)`."""
         # Only the compiled loss has collectives known before tracing, so
         # only it can be compiled per replica.
         compilable = (
-            self._uses_default_loss()
+            not is_users_own(self, "compute_loss")
             and _keras.compile_loss(self) is not None
             and not (training and self._engine.accumulation)
         )

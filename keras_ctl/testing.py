@@ -294,7 +294,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
         )
     else:
         methods = ["train_step", "test_step", "compute_loss"]
-        if model._compute_loss_over == "global_batch":
+        if engine_state.of(model).compute_loss_over == "global_batch":
             methods.remove("compute_loss")  # it computes one device's loss
         for method in methods:
             if is_users_own(model, method):

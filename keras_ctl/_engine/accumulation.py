@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import assign_whole
@@ -54,7 +55,7 @@ def for_model(model: keras.Model, default_step: bool) -> GradientAccumulation | 
     """
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
-    mode = model._gradient_accumulation
+    mode = engine_state.of(model).gradient_accumulation
     pairs = [(o, list(v)) for o, v in model.optimizers_and_variables() if o]
     accumulating = [(o, v) for o, v in pairs if _steps(o)]
     if not accumulating or (replicas == 1 and mode == "micro_batches"):

@@ -39,8 +39,10 @@ import tensorflow as tf
 from keras_ctl import _keras
 from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.autograph import not_converted
+from keras_ctl._own_code import is_users_own
 from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
@@ -109,7 +111,7 @@ def forward_and_loss(
     this replica's batch, weighed by the replica's fraction of the global
     batch (`read_as_batch_losses`).
     """
-    if not model._uses_default_loss():
+    if is_users_own(model, "compute_loss"):
         return own_compute_loss(
             model, x, y, y_pred, sample_weight, batch_size, training
         )
@@ -150,7 +152,7 @@ def own_compute_loss(
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
     weight = fraction
-    over_global_batch = model._compute_loss_over == "global_batch"
+    over_global_batch = engine_state.of(model).compute_loss_over == "global_batch"
     if over_global_batch:
         # Every replica's loss is the whole batch's, reduced as on one
         # device. Only the first replica's trains: the gradients of
@@ -240,7 +242,7 @@ def exact_gradients(
     later, e.g. once per accumulated update)."""
     with tf.GradientTape() as tape:
         y_pred, terms = None, None
-        if model._uses_default_loss():
+        if not is_users_own(model, "compute_loss"):
             y_pred = model(x, training=True)
             terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
         fold = (

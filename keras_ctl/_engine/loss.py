@@ -185,10 +185,14 @@ def loss_terms(
         term = _loss_term(
             loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
         )
-        # `term` is `None` for a `Loss` whose own `__call__` skips Keras's
-        # reduction: an AttributeError here (a known bug, left as it is).
-        total, count = local(term.total), local(term.count)  # type: ignore[union-attr]
-        terms.append(term._replace(total=total, count=count))  # type: ignore[union-attr]
+        if term is None:
+            raise ValueError(
+                f"The loss of output `{name}` returned nothing to train on. "
+                f"Received: loss={loss_fn!r}, which returned None. Return the "
+                "loss's value from its `__call__` or `call`."
+            )
+        total, count = local(term.total), local(term.count)
+        terms.append(term._replace(total=total, count=count))
         loss_weights.append(loss_weight)
     return LossTerms(terms, loss_weights, dtype)
 

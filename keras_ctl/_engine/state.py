@@ -22,6 +22,10 @@ class EngineState:
     and write it there, and nothing of it is saved with the model.
 
     Attributes:
+        gradient_accumulation: `compile(gradient_accumulation=...)`:
+            `"micro_batches"` or `"examples"`.
+        compute_loss_over: `compile(compute_loss_over=...)`:
+            `"replica_batch"` or `"global_batch"`.
         random_draws: `compile(random_draws=...)`: `"per_replica"` or
             `"as_one_device"`.
         accumulation: The train step's gradient accumulation
@@ -38,6 +42,8 @@ class EngineState:
         test_pass: The same for evaluation.
     """
 
+    gradient_accumulation: str = "micro_batches"
+    compute_loss_over: str = "replica_batch"
     random_draws: str = "per_replica"
     accumulation: GradientAccumulation | None = None
     resume_plan: ResumePlan | None = None

@@ -43,7 +43,7 @@ def loss_parts(
     loss: Callable[..., Any], y_true: Any, y_pred: Any, sample_weight: Any = None
 ) -> LossParts | None:
     """Calls `loss(y_true, y_pred, sample_weight)` and returns its
-    `LossParts` on this replica, or `None` for `reduction=None`.
+    `LossParts` on this replica, or `None` when it returns nothing.
 
     Keras's `Loss.__call__` casts, calls, combines masks with the sample
     weights and divides (`losses.loss.reduce_weighted_values`); the exact
@@ -53,16 +53,36 @@ def loss_parts(
     shaped like them (with the sample weights only where Keras divides by
     their sum). Masks, `ignore_class`, sample weights and dtypes therefore
     mean what they mean in Keras. A loss that returns one value for the
-    batch is taken as that value for each example of this replica.
+    batch is taken as that value for each example of this replica. So is
+    the value of a loss whose own `__call__` skips Keras's reduction (a
+    mean over its elements when it returns one value per example): one
+    device trains on that value as the batch's loss.
     """
     examples = tf.shape(tree.flatten(y_pred)[0])[0]
     previous = getattr(_in_step, "capture", None)
     _in_step.capture = {"examples": examples}
     try:
-        loss(y_true, y_pred, sample_weight)
-        return _in_step.capture.get("parts")
+        value = loss(y_true, y_pred, sample_weight)
+        parts = _in_step.capture.get("parts")
     finally:
         _in_step.capture = previous
+    if parts is None and value is not None:
+        parts = _parts_of(
+            _as_returned,
+            value,
+            sample_weight,
+            None,
+            "sum_over_batch_size",
+            None,
+            examples,
+        )
+    return parts
+
+
+def _as_returned(values, sample_weight, mask, reduction, dtype):
+    """The sum of a loss's values as it returned them (its own `__call__`
+    weighed them, or not)."""
+    return tf.reduce_sum(values)
 
 
 def real_examples_of_batch():

@@ -120,6 +120,15 @@ def test_a_weighted_scalar_loss_is_refused_under_replicas():
         configurations.run(config, CTLModel, devices.get("mirrored"))
 
 
+@pytest.mark.parametrize("strategy", ["default", "mirrored"])
+def test_a_loss_with_its_own_call_trains_as_on_one_device(strategy):
+    # Its `__call__` skips Keras's reduction: its value is the batch's loss.
+    config = {**reported.BASE, "loss": "own_call_loss"}
+    expected = configurations.run(config, keras.Model)
+    actual = configurations.run(config, CTLModel, devices.get(strategy))
+    assert max(configurations.differences(expected, actual).values()) <= 1e-5
+
+
 def test_predict_after_jit_compile_under_replicas():
     x = np.random.default_rng(0).random((17, 3)).astype("float32")
     with devices.get("mirrored").scope():

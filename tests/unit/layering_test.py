@@ -84,8 +84,9 @@ def module_graph():
 def imported_names(path):
     """What `path` imports from the package, each as `module.name` (`from
     keras_ctl.a import b` gives `a.b`: module `a.b` if there is one, else
-    a name of module `a`)."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    a name of module `a`). Imports only a type checker runs (`if
+    TYPE_CHECKING:`, for annotations) are left out: they never run."""
+    for node in _run_time_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             if node.module == "keras_ctl" or node.module.startswith("keras_ctl."):
                 prefix = node.module.removeprefix("keras_ctl").lstrip(".")
@@ -95,6 +96,17 @@ def imported_names(path):
             for alias in node.names:
                 if alias.name.startswith("keras_ctl."):
                     yield alias.name.removeprefix("keras_ctl.")
+
+
+def _run_time_nodes(tree):
+    """The nodes of `tree` outside `if TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        test = getattr(node, "test", None)
+        if isinstance(node, ast.If) and getattr(test, "id", None) == "TYPE_CHECKING":
+            yield from (n for orelse in node.orelse for n in ast.walk(orelse))
+            continue
+        yield node
+        yield from _run_time_nodes(node)
 
 
 def _resolve(name, known):
