@@ -19,21 +19,19 @@ from keras_ctl import _signature
 from keras_ctl import blocks
 from keras_ctl import strategies
 from keras_ctl._engine import accumulation
+from keras_ctl._engine import build
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
+from keras_ctl._engine import metric_updates
 from keras_ctl._engine import parameter_servers
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
-from keras_ctl._engine.replica_step import StepParts
-from keras_ctl._engine.step_function import StepFunction
 from keras_ctl._own_code import is_users_own
-from keras_ctl._own_code import reads_as_one_device
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.callbacks import BackupAndRestore
 from keras_ctl.distribute import chief_writes
-from keras_ctl.distribute import topology
 
 # `compile(random_draws=...)`: each replica's own numbers, or one device's.
 RANDOM_DRAWS = ("per_replica", "as_one_device")
@@ -282,7 +280,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             )
         else:
             update.apply_summed(self.optimizer, step.gradients, self.trainable_weights)
-        return self._update_metrics(x, y, sample_weight, step)
+        return metric_updates.update(self, x, y, sample_weight, step)
 
     @written_in_shares
     def test_step(self, data: Any) -> dict[str, Any]:
@@ -312,7 +310,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 step = forward.forward_and_loss(
                     self, x, y, sample_weight, batch_size, training=False
                 )
-        return self._update_metrics(x, y, sample_weight, step)
+        return metric_updates.update(self, x, y, sample_weight, step)
 
     def compute_loss(
         self,
@@ -473,7 +471,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine.gradient_accumulation = gradient_accumulation
         engine.compute_loss_over = compute_loss_over
         engine.random_draws = random_draws
-        object.__setattr__(self, "_logged_metric_names", None)
+        engine.logged_metric_names = None
         super().compile(*args, **kwargs)
 
     def get_compile_config(self) -> dict[str, Any] | None:
@@ -698,20 +696,13 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is None or force:
-            if self.built and not self._layers_built_by_its_step():
-                self.build_optimizers()
             default_step = type(self).train_step is CTLModel.train_step
-            self._engine.accumulation = accumulation.for_model(self, default_step)
-            self._engine.train_pass, self.train_function = self._step_function(
-                self.train_step, training=True
-            )
+            self.train_function = build.train_function(self, default_step)
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         if self.test_function is None or force:
-            self._engine.test_pass, self.test_function = self._step_function(
-                self.test_step, training=False
-            )
+            self.test_function = build.test_function(self)
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
@@ -740,133 +731,6 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         _checks.made_in_scope(
             self, _keras.strategy_created_under(self), _keras.strategy_of_variable
         )
-
-    def _check_random_draws_compile(self):
-        """XLA draws other numbers than TensorFlow's kernels (one device
-        with `jit_compile=True` draws XLA's), and a replica cannot draw the
-        global batch's rows inside its compiled pass."""
-        replicas = self.distribute_strategy.num_replicas_in_sync
-        if not self._engine.draws_as_one_device or replicas == 1:
-            return
-        raise ValueError(
-            'compile(random_draws="as_one_device") draws one device\'s random '
-            "numbers with TensorFlow's kernels; with XLA one device draws "
-            "XLA's, which a replica cannot draw for its rows. Received: "
-            f"jit_compile=True under {replicas} replicas. Pass "
-            "jit_compile=False to draw as one device, or random_draws="
-            '"per_replica" to keep XLA with each replica\'s own draws.'
-        )
-
-    def _step_function(self, step, training):
-        """Returns `(compiled pass or None, function running step)`."""
-        # Only the compiled loss has collectives known before tracing, so
-        # only it can be compiled per replica.
-        compilable = (
-            not is_users_own(self, "compute_loss")
-            and _keras.compile_loss(self) is not None
-            and not (training and self._engine.accumulation)
-        )
-        plan = StepPlan.for_model(self, compilable)
-        if training and self.jit_compile:
-            self._check_random_draws_compile()
-        compiled_pass = None
-        if plan.xla == "per_replica_pass":
-            compiled_pass = forward.CompiledPass(self, training=training)
-        function = StepFunction(
-            self._step_parts(training), step, plan, training=training
-        )
-        return compiled_pass, function
-
-    def _step_parts(self, training):
-        def optimizers():
-            return [o for o, _ in self.optimizers_and_variables() if o is not None]
-
-        return StepParts(
-            strategy=self.distribute_strategy,
-            state=self._engine,
-            optimizers=optimizers,
-            metrics=lambda: self.metrics,
-            builds_on_first_use=self._builds_state_on_first_use,
-            reads_as_one_device=reads_as_one_device(
-                self, "train_step" if training else "test_step"
-            ),
-            random_as_one_device=training and self._engine.draws_as_one_device,
-        )
-
-    def _builds_state_on_first_use(self):
-        """Whether a multi-replica step would build state on first use: the
-        optimizers that `optimizers_and_variables()` does not list (so were
-        not built before the first step), the compiled loss and metrics
-        (left to a step of one's own to build,
-        `_keras.SymbolicBuildFromFirstReplica`), or the layers only a step
-        of one's own calls."""
-        if self.distribute_strategy.num_replicas_in_sync == 1:
-            return False
-        compiled = (_keras.compile_loss(self), _keras.compile_metrics(self))
-        return (
-            any(
-                isinstance(value, keras.optimizers.Optimizer) and not value.built
-                for value in vars(self).values()
-            )
-            or any(value is not None and not value.built for value in compiled)
-            or self._layers_built_by_its_step()
-        )
-
-    def _layers_built_by_its_step(self):
-        """Whether a step of the user's own has layers to build on first use
-        (a head only the step calls): its optimizers are then built by that
-        first step too, with every variable."""
-        return is_users_own(self, "train_step") and any(
-            not layer.built for layer in _keras.all_layers(self)
-        )
-
-    def _update_metrics(self, x, y, sample_weight, step):
-        """Updates the loss trackers and compiled metrics on this replica
-        from its `forward.Pass`, and returns the metrics' results."""
-        y_pred, shares = step.y_pred, step.shares
-        # The loss tracker averages over examples like one device: each
-        # replica adds its part of the global batch's loss sum, and its own
-        # count.
-        _keras.add_to_mean(
-            _keras.loss_tracker(self), step.loss_sum, shares.local_batch_size
-        )
-        compile_loss = _keras.compile_loss(self)
-        if compile_loss is not None:
-            # Keras 3.15 weighs per-output losses by the static batch size,
-            # unknown in a traced step: one weight per step, 1/R per replica.
-            per_replica = 1.0 / blocks.num_replicas()
-            trackers = _keras.per_output_loss_trackers(compile_loss)
-            for tracker, share in zip(trackers, shares.per_output):
-                _keras.add_to_mean(tracker, share, per_replica)
-
-        def update():
-            logs = self.compute_metrics(x, y, y_pred, sample_weight)
-            if isinstance(logs, dict):
-                # Keras logs what `compute_metrics` returns (an override
-                # may leave a metric out); noted as it is traced.
-                object.__setattr__(self, "_logged_metric_names", list(logs))
-            return tf.constant(True)
-
-        if blocks.num_replicas() == 1:
-            update()
-        elif topology.of(self.distribute_strategy).one_copy:
-            # A padded replica updates with no example (a `tf.cond` cannot
-            # hold the `merge_call` of these variables' updates).
-            real = tf.cast(shares.local_batch_size, tf.int32)
-            x, y, y_pred, sample_weight = tree.map_structure(
-                lambda t: None if t is None else t[:real], (x, y, y_pred, sample_weight)
-            )
-            compile_metrics = _keras.compile_metrics(self)
-            if compile_metrics is not None:
-                _keras.add_metric_update(compile_metrics, y, y_pred, sample_weight)
-        else:
-            # A replica padded with a placeholder example skips the update.
-            tf.cond(shares.local_batch_size > 0, update, lambda: tf.constant(False))
-        results = self.get_metrics_result()
-        names = getattr(self, "_logged_metric_names", None)
-        if names is None:
-            return results
-        return {name: results[name] for name in names if name in results}
 
 
 def _read_sharded_variables_whole():

@@ -493,7 +493,7 @@ class CompiledPass:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=self._training)
-            # The model has a compiled loss (`CTLModel._step_function`).
+            # The model has a compiled loss (`build._step_function`).
             terms = loss_module.loss_terms(
                 _keras.compile_loss(model), y, y_pred, sample_weight, batch_size
             )

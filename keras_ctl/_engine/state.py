@@ -40,6 +40,9 @@ class EngineState:
         train_pass: Each replica's XLA-compiled training pass, when the
             step plan uses one.
         test_pass: The same for evaluation.
+        logged_metric_names: The keys a `compute_metrics` of the model's
+            own returned, noted as the step is traced (Keras logs those),
+            or `None`.
     """
 
     gradient_accumulation: str = "micro_batches"
@@ -50,6 +53,7 @@ class EngineState:
     epochs_to_replay: int | None = None
     train_pass: CompiledPass | None = None
     test_pass: CompiledPass | None = None
+    logged_metric_names: list[str] | None = None
 
     @property
     def draws_as_one_device(self) -> bool:

@@ -1,0 +1,123 @@
+"""The train and test functions of a compiled model, built when Keras asks
+for them (`make_train_function`, `make_test_function`).
+
+What they run is read here once, from Keras's public model API and
+`CTLModel`'s public hooks (`optimizers_and_variables`,
+`build_optimizers`): the step plan, the XLA pass, the accumulation, and
+the `StepParts` the step function is handed. What the engine keeps
+between calls is the model's `state.of(model)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from keras_ctl import _keras
+from keras_ctl._engine import accumulation
+from keras_ctl._engine import forward
+from keras_ctl._engine import state as engine_state
+from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.replica_step import StepParts
+from keras_ctl._engine.step_function import StepFunction
+from keras_ctl._own_code import is_users_own
+from keras_ctl._own_code import reads_as_one_device
+
+
+def train_function(model: Any, default_step: bool) -> StepFunction:
+    """The train function of `model` (a `CTLModel`), its accumulation and
+    XLA pass set in its engine state; `default_step`: whether its
+    `train_step` is `CTLModel`'s."""
+    if model.built and not _layers_built_by_its_step(model):
+        model.build_optimizers()
+    engine = engine_state.of(model)
+    engine.accumulation = accumulation.for_model(model, default_step)
+    engine.train_pass, function = _step_function(model, model.train_step, True)
+    return function
+
+
+def test_function(model: Any) -> StepFunction:
+    """The test function of `model`, its XLA pass set in its engine state."""
+    engine = engine_state.of(model)
+    engine.test_pass, function = _step_function(model, model.test_step, False)
+    return function
+
+
+def _step_function(
+    model: Any, step: Callable[[Any], Any], training: bool
+) -> tuple[forward.CompiledPass | None, StepFunction]:
+    engine = engine_state.of(model)
+    # Only the compiled loss has collectives known before tracing, so only
+    # it can be compiled per replica.
+    compilable = (
+        not is_users_own(model, "compute_loss")
+        and _keras.compile_loss(model) is not None
+        and not (training and engine.accumulation)
+    )
+    plan = StepPlan.for_model(model, compilable)
+    if training and model.jit_compile:
+        _check_random_draws_with_xla(model)
+    compiled_pass = None
+    if plan.xla == "per_replica_pass":
+        compiled_pass = forward.CompiledPass(model, training=training)
+    parts = StepParts(
+        strategy=model.distribute_strategy,
+        state=engine,
+        optimizers=lambda: [
+            o for o, _ in model.optimizers_and_variables() if o is not None
+        ],
+        metrics=lambda: model.metrics,
+        builds_on_first_use=lambda: _builds_state_on_first_use(model),
+        reads_as_one_device=reads_as_one_device(
+            model, "train_step" if training else "test_step"
+        ),
+        random_as_one_device=training and engine.draws_as_one_device,
+    )
+    return compiled_pass, StepFunction(parts, step, plan, training=training)
+
+
+def _check_random_draws_with_xla(model: Any) -> None:
+    """XLA draws other numbers than TensorFlow's kernels (one device with
+    `jit_compile=True` draws XLA's), and a replica cannot draw the global
+    batch's rows inside its compiled pass."""
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if not engine_state.of(model).draws_as_one_device or replicas == 1:
+        return
+    raise ValueError(
+        'compile(random_draws="as_one_device") draws one device\'s random '
+        "numbers with TensorFlow's kernels; with XLA one device draws "
+        "XLA's, which a replica cannot draw for its rows. Received: "
+        f"jit_compile=True under {replicas} replicas. Pass "
+        "jit_compile=False to draw as one device, or random_draws="
+        '"per_replica" to keep XLA with each replica\'s own draws.'
+    )
+
+
+def _builds_state_on_first_use(model: Any) -> bool:
+    """Whether a multi-replica step would build state on first use: the
+    optimizers that `optimizers_and_variables()` does not list (so were not
+    built before the first step), the compiled loss and metrics (left to a
+    step of one's own to build, `_keras.SymbolicBuildFromFirstReplica`), or
+    the layers only a step of one's own calls."""
+    if model.distribute_strategy.num_replicas_in_sync == 1:
+        return False
+    compiled = (_keras.compile_loss(model), _keras.compile_metrics(model))
+    return (
+        any(
+            isinstance(value, keras.optimizers.Optimizer) and not value.built
+            for value in vars(model).values()
+        )
+        or any(value is not None and not value.built for value in compiled)
+        or _layers_built_by_its_step(model)
+    )
+
+
+def _layers_built_by_its_step(model: Any) -> bool:
+    """Whether a step of the user's own has layers to build on first use (a
+    head only the step calls): its optimizers are then built by that first
+    step too, with every variable."""
+    return is_users_own(model, "train_step") and any(
+        not layer.built for layer in _keras.all_layers(model)
+    )
