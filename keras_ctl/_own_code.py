@@ -39,6 +39,17 @@ def is_users_own(owner: Any, method: str) -> bool:
     return function is not None and is_users_function(function)
 
 
+def is_keras_ctls(owner: Any, method: str) -> bool:
+    """Whether `owner.method` is keras_ctl's own (`CTLModel.compute_loss`),
+    exact as written. An override is not, the user's or a Keras model's
+    (`keras.distillation.Distiller.compute_loss`, which a converted model
+    keeps): the engine reads it as one device's code."""
+    function = getattr(owner, method, None)
+    function = getattr(function, "python_function", function)
+    module = getattr(function, "__module__", None) or ""
+    return module.split(".")[0] == "keras_ctl"
+
+
 def is_users_function(function: Any) -> bool:
     """Whether `function` (a `tf.function`'s Python function included) is
     defined outside Keras, TensorFlow and keras_ctl."""

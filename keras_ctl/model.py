@@ -28,7 +28,7 @@ from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.plan import StepPlan
-from keras_ctl._own_code import is_users_own
+from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.callbacks import BackupAndRestore
 from keras_ctl.distribute import chief_writes
@@ -299,7 +299,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         test_pass = self._engine.test_pass
         step = test_pass(data, batch_size) if test_pass else None
         if step is None:
-            if not is_users_own(self, "compute_loss"):
+            if is_keras_ctls(self, "compute_loss"):
                 # Without gradients, the loss tracker can often do without
                 # the count's collective (the logs' one collective gives it
                 # exactly).

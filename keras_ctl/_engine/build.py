@@ -22,6 +22,7 @@ from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.replica_step import StepParts
 from keras_ctl._engine.step_function import StepFunction
+from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 
@@ -52,7 +53,7 @@ def _step_function(
     # Only the compiled loss has collectives known before tracing, so only
     # it can be compiled per replica.
     compilable = (
-        not is_users_own(model, "compute_loss")
+        is_keras_ctls(model, "compute_loss")
         and _keras.compile_loss(model) is not None
         and not (training and engine.accumulation)
     )

@@ -42,7 +42,7 @@ from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.autograph import not_converted
-from keras_ctl._own_code import is_users_own
+from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import num_replicas
@@ -111,7 +111,7 @@ def forward_and_loss(
     this replica's batch, weighed by the replica's fraction of the global
     batch (`read_as_batch_losses`).
     """
-    if is_users_own(model, "compute_loss"):
+    if not is_keras_ctls(model, "compute_loss"):
         return own_compute_loss(
             model, x, y, y_pred, sample_weight, batch_size, training
         )
@@ -242,7 +242,7 @@ def exact_gradients(
     later, e.g. once per accumulated update)."""
     with tf.GradientTape() as tape:
         y_pred, terms = None, None
-        if not is_users_own(model, "compute_loss"):
+        if is_keras_ctls(model, "compute_loss"):
             y_pred = model(x, training=True)
             terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
         fold = (
