@@ -294,31 +294,13 @@ def import_graph(sources, package, root):
 
 
 def strongly_connected(graph):
-    """Tarjan's components of more than one node, each sorted."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(node):
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for other in sorted(graph.get(node, ())):
-            if other not in index:
-                visit(other)
-                low[node] = min(low[node], low[other])
-            elif other in on_stack:
-                low[node] = min(low[node], index[other])
-        if low[node] == index[node]:
-            component = []
-            while not component or component[-1] != node:
-                component.append(stack.pop())
-                on_stack.discard(component[-1])
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+    """Tarjan's components of more than one node, each sorted: the layering
+    test's (`tests/unit/layering_test.py`), which fails on any."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "tests/unit/layering_test.py"
+    spec = importlib.util.spec_from_file_location("layering_test", path)
+    layering = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layering)
+    return layering.cycles(graph)
 
 
 def static_numbers(package_module, model_class):

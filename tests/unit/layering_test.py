@@ -125,7 +125,7 @@ def cycles(graph):
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for other in graph[node]:
+        for other in sorted(graph.get(node, ())):
             if other not in index:
                 visit(other)
                 low[node] = min(low[node], low[other])
