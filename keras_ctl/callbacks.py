@@ -230,6 +230,8 @@ class BackupAndRestore(keras.callbacks.Callback):
             engine.accumulation.load_from_optimizer(
                 metadata.get("accumulated_examples", 0)
             )
+        if not engine_state.kept_for(self.model):
+            return  # a plain `keras.Model` neither replays nor skips
         engine.epochs_to_replay = self._epoch
         if self._skipped:
             engine.resume_plan = ResumePlan(self._skipped, steps)

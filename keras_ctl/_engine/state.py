@@ -69,6 +69,11 @@ def of(model: Any) -> EngineState:
     return _STATES.get(model) or EngineState()
 
 
+def kept_for(model: Any) -> bool:
+    """Whether `model` has an engine state of its own (a CTLModel)."""
+    return model in _STATES
+
+
 def attach(model: Any) -> EngineState:
     """`model`'s engine state, made on first use: it lives as long as the
     model does."""

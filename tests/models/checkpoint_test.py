@@ -299,3 +299,55 @@ def test_signal_handlers_are_given_back_when_fit_ends(tmp_path):
     model.fit(x, y, batch_size=4, verbose=0, callbacks=[backup, Spy()])
     assert seen and all(handler not in (before, signal.SIG_DFL) for handler in seen)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_plain_keras_model_resumes_its_epoch_whole(tmp_path):
+    # keras_ctl's callback on a `keras.Model` restores its weights and epoch;
+    # the model has no engine to skip batches or add a mid-epoch backup's
+    # metric state, so the resumed epoch trains and logs whole, as a fresh
+    # epoch from the restored weights does.
+    x, y = data()
+    backup = str(tmp_path / "backup")
+
+    def plain():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(2)])
+        model.compile(
+            optimizer="sgd",
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+        return model
+
+    class StopAfter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:
+                raise KeyboardInterrupt
+
+    def callback():
+        return keras_ctl.callbacks.BackupAndRestore(
+            backup, save_freq=3, delete_checkpoint=False
+        )
+
+    with pytest.raises(KeyboardInterrupt):  # a backup 3 batches into epoch 1
+        plain().fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[callback(), StopAfter()],
+        )
+    fresh = plain()
+    fresh.build((None, 5))
+    fresh.optimizer.build(fresh.trainable_variables)
+    fresh.load_weights(f"{backup}/latest.weights.h5")
+    expected = fresh.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    resumed = plain().fit(
+        x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback()]
+    )
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose(
+            resumed.history[key], expected.history[key], rtol=1e-6
+        )
