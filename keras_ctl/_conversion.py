@@ -57,6 +57,61 @@ _ORIGINAL_CLASS = "keras_ctl_original_class"
 _TARGET_CLASS = "keras_ctl_converted_to"
 
 
+def class_to_make(cls, ctl_model, args, kwargs):
+    """The class `CTLModel.__new__` makes: `cls`, or its functional variant
+    when `CTLModel`'s own constructor receives functional arguments.
+
+    A class without a constructor of its own passes its arguments to
+    `CTLModel.__init__` as they are: decided here, before Keras's
+    `Layer.__new__` wraps the class's `build` (a functional model's
+    `build_from_config` needs `Functional.build`; Keras's `Model.__new__`
+    does the same for `Model(inputs, outputs)`)."""
+    if (
+        cls.__init__ is ctl_model.__init__
+        and _keras.functional_init_arguments(args, kwargs)
+        and not issubclass(cls, _keras.Functional)
+    ):
+        return functional_variant(cls)
+    return cls
+
+
+def make_functional_if_asked(model, args, kwargs):
+    """Gives `model` its class's functional variant when its constructor
+    received functional arguments (`inputs, outputs`).
+
+    Keras 3.15 makes a `Model` subclass functional by rewriting the
+    `__bases__` of its whole hierarchy for good (`Model.__init__`,
+    `inject_functional_model_class`): after one such construction every
+    CTLModel subclass (GAN too) would be functional. As in Keras, the
+    arguments that reach `CTLModel`'s constructor decide, not those of a
+    subclass's own constructor (`VAE(encoder, decoder)`); only this
+    instance's class changes."""
+    if _keras.functional_init_arguments(args, kwargs) and not isinstance(
+        model, _keras.Functional
+    ):
+        model.__class__ = functional_variant(type(model))
+
+
+def convert(model, cls):
+    """`model` (a `keras.Model`) made an instance of `cls` in place
+    (`CTLModel.from_model`)."""
+    if isinstance(model, cls):
+        return model
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "Expected `model` to be a `keras.Model`. "
+            f"Received: model={model!r} of type {type(model).__name__}."
+        )
+    if type(model) is _keras.Functional:
+        model.__class__ = functional_variant(cls)
+    else:
+        model.__class__ = converted_class(type(model), cls)
+    # Steps traced for the old class would skip the exact ones.
+    model.train_function = model.test_function = None
+    model.predict_function = None
+    return model
+
+
 def converted_class(original, target):
     """`original` with `target` mixed in, saved so that it loads converted."""
     mixed = _mixed_class(original, target, named_after=original)

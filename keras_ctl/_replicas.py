@@ -31,6 +31,7 @@ _batch = threading.local()
 
 # A gradient as `tape.gradient` gives it: dense, or rows of a variable.
 Gradient: TypeAlias = tf.Tensor | tf.IndexedSlices
+_Value = TypeVar("_Value", tf.Tensor, tf.IndexedSlices, None)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -84,39 +85,95 @@ def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
     return context.all_reduce("SUM", value)
 
 
-def divide_by_global_counts(
-    local_sums: Sequence[tf.Tensor], local_counts: Sequence[tf.Tensor | None]
+def global_shares(
+    local_sums: Sequence[tf.Tensor],
+    local_counts: Sequence[tf.Tensor | None],
+    *,
+    examples: tf.Tensor | None = None,
+    global_counts: Sequence[tf.Tensor | float] | None = None,
+    valued_as_global: bool = False,
 ) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
-    """Returns `(shares, global_counts)`: each local sum over its global count.
+    """Returns `(shares, global_counts)`: each local sum over its global
+    count, this replica's share of a mean over the global batch.
 
-    All counts are summed across replicas in one all-reduce, however many
-    there are.
+    The exactness core: every loss keras_ctl makes exact is divided here
+    (the compiled loss of the default, evaluation and XLA steps, Keras's
+    `Loss` objects in a step of one's own, `global_mean` and the `GAN`,
+    the share of `model.losses`, the fraction a step of one's own is
+    weighed by). All counts are summed across replicas in one all-reduce,
+    however many there are, and the sums with them when their value is
+    asked for.
 
     Args:
         local_sums: Scalars summed on this replica (differentiable).
         local_counts: Scalars of the sums' dtype, one denominator per sum,
             or `None` for a sum that is not divided (`reduction="sum"`).
             Extra counts past `local_sums` are all-reduced and returned too.
+        examples: This replica's number of real examples. A replica
+            without any (padded with a placeholder example) adds nothing
+            to any sum or count, not even a NaN. Defaults to `None`.
+        global_counts: The counts' global values (one per count that is
+            not `None`) when the caller has them: no collective for them.
+            Defaults to `None` (all-reduced here).
+        valued_as_global: Whether each share is valued as the sum of every
+            replica's share (the global mean; `valued_as_global`), keeping
+            the share's gradient. Defaults to `False`.
 
     Returns:
-        `shares`, one per sum, and the all-reduced `global_counts` (the
-        `None` entries left out).
+        `shares`, one per sum, and the global counts (the `None` entries
+        left out).
     """
+    if examples is not None:
+        local_sums = [only_if_real(value, examples) for value in local_sums]
+        local_counts = [only_if_real(count, examples) for count in local_counts]
     counts = [count for count in local_counts if count is not None]
-    if not counts:
-        return list(local_sums), []
-    if num_replicas() == 1:
-        # One replica: its counts are the global ones, no collective.
-        global_counts = [tf.stop_gradient(count) for count in counts]
-    else:
-        stacked = tf.stop_gradient(tf.stack(counts))
-        global_counts = tf.unstack(all_reduce_sum(stacked))
-    divisors = iter(global_counts)
-    shares = [
-        value if count is None else tf.math.divide_no_nan(value, next(divisors))
-        for value, count in zip(local_sums, local_counts)
+    to_reduce = [] if global_counts is not None else list(counts)
+    if valued_as_global:
+        to_reduce += [tf.stop_gradient(value) for value in local_sums]
+    reduced = _sum_together(to_reduce)
+    totals = reduced[len(reduced) - len(local_sums) :] if valued_as_global else []
+    found = list(global_counts) if global_counts is not None else reduced[: len(counts)]
+    divisors = iter(found)
+    shares = []
+    for index, (value, count) in enumerate(zip(local_sums, local_counts)):
+        divisor = None if count is None else next(divisors)
+        share = value if divisor is None else _over(value, divisor)
+        if valued_as_global:
+            total = totals[index] if divisor is None else _over(totals[index], divisor)
+            share = _valued_as(share, total)
+        shares.append(share)
+    return shares, [tf.convert_to_tensor(count) for count in found]
+
+
+def only_if_real(value: _Value, examples: tf.Tensor) -> _Value:
+    """`value`, or zeros where this replica has no real `examples` (its
+    placeholder's loss, count or gradient, NaN included); `None` stays."""
+    if value is None:
+        return None
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(
+            only_if_real(value.values, examples), value.indices, value.dense_shape
+        )
+    return tf.where(examples > 0, value, tf.zeros_like(value))
+
+
+def _sum_together(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """Each of `values` (scalars) summed across replicas, in one
+    collective; as they are on one replica (no gradient through them)."""
+    if not values:
+        return []
+    dtype = values[0].dtype
+    stacked = tf.stop_gradient(tf.stack([tf.cast(v, dtype) for v in values]))
+    if num_replicas() > 1:
+        stacked = all_reduce_sum(stacked)
+    return [
+        tf.cast(summed, value.dtype)
+        for summed, value in zip(tf.unstack(stacked), values)
     ]
-    return shares, global_counts
+
+
+def _over(value: tf.Tensor, divisor: tf.Tensor | float) -> tf.Tensor:
+    return tf.math.divide_no_nan(value, tf.cast(divisor, value.dtype))
 
 
 def valued_as_global(share: tf.Tensor, total: tf.Tensor | None = None) -> tf.Tensor:
@@ -133,6 +190,13 @@ def valued_as_global(share: tf.Tensor, total: tf.Tensor | None = None) -> tf.Ten
         return share
     if total is None:
         total = all_reduce_sum(tf.stop_gradient(share))
+    return _valued_as(share, total)
+
+
+def _valued_as(share: tf.Tensor, total: tf.Tensor) -> tf.Tensor:
+    """`share` with the value `total` (see `valued_as_global`)."""
+    if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
+        return share
     fraction = batch_fraction()
     if fraction is not None:
         share = tf.math.divide_no_nan(share, tf.cast(fraction, share.dtype))

@@ -24,10 +24,9 @@ from keras_ctl._engine.loss import regularization_total
 from keras_ctl._own_code import IN_SHARES_MARK
 from keras_ctl._replicas import all_reduce_sum
 from keras_ctl._replicas import batch_fraction
-from keras_ctl._replicas import divide_by_global_counts
+from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
-from keras_ctl._replicas import valued_as_global
 
 # A step method (or `tf.function`), given back marked.
 _Step = TypeVar("_Step", bound=Callable[..., Any])
@@ -104,14 +103,13 @@ def global_mean(
     # A replica without examples holds a placeholder, which weighs nothing.
     values = _keras.without_placeholder(values)
     weights = _keras.without_placeholder(weights)
-    local_sum = tf.reduce_sum(values * weights)
-    local_weight = tf.reduce_sum(weights)
-    if global_weight is not None:
-        share = tf.math.divide_no_nan(local_sum, tf.cast(global_weight, values.dtype))
-    else:
-        (share,), _ = divide_by_global_counts([local_sum], [local_weight])
-    if batch_fraction() is not None:
-        return valued_as_global(share)
+    (share,), _ = global_shares(
+        [tf.reduce_sum(values * weights)],
+        [tf.reduce_sum(weights)],
+        global_counts=None if global_weight is None else [global_weight],
+        # Read as the replica's batch's loss, it is valued as one device's.
+        valued_as_global=batch_fraction() is not None,
+    )
     return share
 
 
@@ -277,8 +275,11 @@ def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
     """
     if batch_fraction() is not None:
         return regularization_total(losses)
-    # Gradients are summed across replicas, so each one adds 1/R of it.
-    return regularization_total(losses) / num_replicas()
+    # Gradients are summed across replicas: each replica counts as one of R.
+    (share,), _ = global_shares(
+        [regularization_total(losses)], [1.0], global_counts=[num_replicas()]
+    )
+    return share
 
 
 def minimize(

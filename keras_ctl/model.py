@@ -21,13 +21,11 @@ from keras_ctl import strategies
 from keras_ctl._engine import accumulation
 from keras_ctl._engine import build
 from keras_ctl._engine import forward
-from keras_ctl._engine import loop
 from keras_ctl._engine import metric_updates
 from keras_ctl._engine import parameter_servers
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.padding import pad_empty_batch
-from keras_ctl._engine.plan import StepPlan
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.callbacks import BackupAndRestore
@@ -102,31 +100,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     __signature__ = _signature.ConstructorSignature(_signature.MODEL_CONSTRUCTOR)
 
     def __new__(cls, *args, **kwargs):
-        # A class without a constructor of its own passes its arguments to
-        # `__init__` below as they are: decide here, before Keras's
-        # `Layer.__new__` wraps the class's `build` (a functional model's
-        # `build_from_config` needs `Functional.build`; Keras's
-        # `Model.__new__` does the same for `Model(inputs, outputs)`).
-        if (
-            cls.__init__ is CTLModel.__init__
-            and _keras.functional_init_arguments(args, kwargs)
-            and not issubclass(cls, _keras.Functional)
-        ):
-            cls = _conversion.functional_variant(cls)
-        return super().__new__(cls)
+        return super().__new__(_conversion.class_to_make(cls, CTLModel, args, kwargs))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Keras 3.15 makes a `Model` subclass functional by rewriting the
-        # `__bases__` of its whole hierarchy for good (`Model.__init__`,
-        # `inject_functional_model_class`): after one such construction
-        # every CTLModel subclass (GAN too) would be functional. As in
-        # Keras, the arguments that reach this constructor decide, not
-        # those of a subclass's own constructor (`VAE(encoder, decoder)`);
-        # only this instance's class changes, to a functional variant.
-        if _keras.functional_init_arguments(args, kwargs) and not isinstance(
-            self, _keras.Functional
-        ):
-            self.__class__ = _conversion.functional_variant(type(self))
+        _conversion.make_functional_if_asked(self, args, kwargs)
         _read_sharded_variables_whole()
         super().__init__(*args, **kwargs)
 
@@ -163,21 +140,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         print(ctl is model, isinstance(model, keras_ctl.CTLModel))  # True True
         ```
         """
-        if isinstance(model, cls):
-            return model
-        if not isinstance(model, keras.Model):
-            raise TypeError(
-                "Expected `model` to be a `keras.Model`. "
-                f"Received: model={model!r} of type {type(model).__name__}."
-            )
-        if type(model) is _keras.Functional:
-            model.__class__ = _conversion.functional_variant(cls)
-        else:
-            model.__class__ = _conversion.converted_class(type(model), cls)
+        model = _conversion.convert(model, cls)
         _read_sharded_variables_whole()
-        # Steps traced for the old class would skip the exact ones.
-        model.train_function = model.test_function = None
-        model.predict_function = None
         return model
 
     def optimizers_and_variables(
@@ -668,31 +632,12 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         print(logits.shape)  # (359, 10): one row per example, in order
         ```
         """
-        self._predicted_batches = 0
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.predict(self, x, *args, **kwargs)
         _checks.batched(x, self)
         self._check_made_in_scope()
-        try:
-            return super().predict(x, *args, **kwargs)
-        except UnboundLocalError:
-            if self._predicted_batches:
-                raise
-            return self._no_predictions(x)
-
-    def _no_predictions(self, x):
-        """Arrays of no rows shaped like the predictions on `x`."""
-        inputs = _input_spec(x)
-        if inputs is None:
-            raise ValueError(
-                "`predict()` received no example, from data whose shapes are not "
-                f"known in advance. Received: x={x!r}. Check that `x` yields at "
-                "least one batch."
-            )
-        outputs = self.compute_output_spec(inputs)
-        return tree.map_structure(
-            lambda t: np.zeros((0, *t.shape[1:]), dtype=t.dtype), outputs
-        )
+        keras_predict = functools.partial(super().predict, x, *args, **kwargs)
+        return build.predictions_or_no_rows(self, keras_predict, x)
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is None or force:
@@ -706,20 +651,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:
-        if self.predict_function is not None and not force:
-            return self.predict_function
-        plan = StepPlan.for_model(self, default_loss=False)
-        predict_batches = loop.predict(
-            self.distribute_strategy, self.predict_step, plan
-        )
-        self._predicted_batches = 0
-
-        def predict_function(batches):
-            self._predicted_batches += 1
-            with _keras.in_effect():  # `predict_on_batch` calls it directly
-                return predict_batches(batches)
-
-        self.predict_function = predict_function
+        if self.predict_function is None or force:
+            self.predict_function = build.predict_function(self)
         return self.predict_function
 
     @property
@@ -737,22 +670,6 @@ def _read_sharded_variables_whole():
     # Sharded variables come from a ParameterServerStrategy's partitioner.
     if strategies.is_parameter_server():
         _keras.keep_sharded_reads()
-
-
-def _input_spec(x):
-    """`KerasTensor`s shaped like `x`'s examples (arrays or a `tf.data`
-    dataset), or `None` when `x` does not say (a generator)."""
-    if isinstance(x, tf.data.Dataset):
-        x = keras.utils.unpack_x_y_sample_weight(x.element_spec)[0]
-    leaves = tree.flatten(x)
-    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):
-        return None
-    return tree.map_structure(
-        lambda leaf: keras.KerasTensor(
-            (None, *leaf.shape[1:]), dtype=keras.backend.standardize_dtype(leaf.dtype)
-        ),
-        x,
-    )
 
 
 # Legacy `.h5` files name a model's class only ("CTLModel"), not its

@@ -1,5 +1,6 @@
-"""The train and test functions of a compiled model, built when Keras asks
-for them (`make_train_function`, `make_test_function`).
+"""The train, test and predict functions of a compiled model, built when
+Keras asks for them (`make_train_function`, `make_test_function`,
+`make_predict_function`).
 
 What they run is read here once, from Keras's public model API and
 `CTLModel`'s public hooks (`optimizers_and_variables`,
@@ -14,10 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
+import tensorflow as tf
+from keras import tree
 
 from keras_ctl import _keras
 from keras_ctl._engine import accumulation
 from keras_ctl._engine import forward
+from keras_ctl._engine import loop
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.replica_step import StepParts
@@ -44,6 +49,61 @@ def test_function(model: Any) -> StepFunction:
     engine = engine_state.of(model)
     engine.test_pass, function = _step_function(model, model.test_step, False)
     return function
+
+
+def predict_function(model: Any) -> Callable[[Any], Any]:
+    """The predict function of `model`: the batches' predictions in the
+    data's order under any strategy (`loop.predict`)."""
+    plan = StepPlan.for_model(model, default_loss=False)
+    predict_batches = loop.predict(model.distribute_strategy, model.predict_step, plan)
+    engine = engine_state.of(model)
+
+    def function(batches: Any) -> Any:
+        engine.predicted_batches += 1
+        with _keras.in_effect():  # `predict_on_batch` calls it directly
+            return predict_batches(batches)
+
+    return function
+
+
+def predictions_or_no_rows(model: Any, keras_predict: Callable[[], Any], x: Any) -> Any:
+    """`keras_predict()`, Keras's `predict` of `x`; for data without any
+    example, arrays of no rows shaped like the predictions (Keras 3.15
+    raises `UnboundLocalError`)."""
+    engine = engine_state.of(model)
+    engine.predicted_batches = 0
+    try:
+        return keras_predict()
+    except UnboundLocalError:
+        if engine.predicted_batches:
+            raise
+    inputs = _input_spec(x)
+    if inputs is None:
+        raise ValueError(
+            "`predict()` received no example, from data whose shapes are not "
+            f"known in advance. Received: x={x!r}. Check that `x` yields at "
+            "least one batch."
+        )
+    outputs = model.compute_output_spec(inputs)
+    return tree.map_structure(
+        lambda t: np.zeros((0, *t.shape[1:]), dtype=t.dtype), outputs
+    )
+
+
+def _input_spec(x: Any) -> Any:
+    """`KerasTensor`s shaped like `x`'s examples (arrays or a `tf.data`
+    dataset), or `None` when `x` does not say (a generator)."""
+    if isinstance(x, tf.data.Dataset):
+        x = keras.utils.unpack_x_y_sample_weight(x.element_spec)[0]
+    leaves = tree.flatten(x)
+    if not leaves or not all(hasattr(leaf, "shape") for leaf in leaves):
+        return None
+    return tree.map_structure(
+        lambda leaf: keras.KerasTensor(
+            (None, *leaf.shape[1:]), dtype=keras.backend.standardize_dtype(leaf.dtype)
+        ),
+        x,
+    )
 
 
 def _step_function(

@@ -44,11 +44,11 @@ from keras_ctl._engine import update
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import Gradient
-from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import only_if_real
 from keras_ctl._replicas import read_as_batch_losses
 from keras_ctl._replicas import sum_across_replicas
-from keras_ctl._replicas import valued_as_global
 
 # What a `compute_loss` of one's own sees (`CTLModel.compile`).
 COMPUTE_LOSS_OVER = ("replica_batch", "global_batch")
@@ -147,7 +147,12 @@ def own_compute_loss(
     """
     dtype = keras.config.floatx()
     shares = loss_module.count_only_shares(batch_size, dtype)
-    fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
+    # The replica's share of the global batch's examples.
+    (fraction,), _ = global_shares(
+        [shares.local_batch_size],
+        [shares.local_batch_size],
+        global_counts=[shares.global_batch_size],
+    )
     if y_pred is None:
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
@@ -194,8 +199,9 @@ def loss_times_examples(
     the batch, as on one device."""
     total, per_output = loss_module.loss_times_examples(terms)
     local_batch = tf.cast(batch_size, total.dtype)
-    regularization = loss_module.regularization_total(model.losses, total.dtype)
-    return total + regularization * local_batch, per_output
+    # Regularization's share of a global batch of 1, as the terms'.
+    regularization = regularization_share(model.losses, local_batch, 1.0)
+    return total + regularization, per_output
 
 
 def evaluation_pass(
@@ -293,17 +299,7 @@ def zero_if_padded(
     """
     if num_replicas() == 1:
         return gradients
-    real = batch_size > 0
-
-    def zeroed(g: Gradient | None) -> Gradient | None:
-        if g is None:
-            return None
-        if isinstance(g, tf.IndexedSlices):
-            values = tf.where(real, g.values, tf.zeros_like(g.values))
-            return tf.IndexedSlices(values, g.indices, g.dense_shape)
-        return tf.where(real, g, tf.zeros_like(g))
-
-    return [zeroed(g) for g in gradients]
+    return [only_if_real(g, batch_size) for g in gradients]
 
 
 def divide_after_sum(
@@ -322,9 +318,13 @@ def divide_after_sum(
     local_batch = tf.cast(batch_size, total.dtype)
     gradients, (global_batch,) = sum_across_replicas(gradients, [local_batch])
     gradients = update.divide(gradients, global_batch)
+    parts = [total, *per_output]
+    (total_share, *output_shares), _ = global_shares(
+        parts, [local_batch] * len(parts), global_counts=[global_batch] * len(parts)
+    )
     shares = loss_module.LossShares(
-        total=tf.math.divide_no_nan(total, global_batch),
-        per_output=[tf.math.divide_no_nan(part, global_batch) for part in per_output],
+        total=total_share,
+        per_output=output_shares,
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
@@ -346,7 +346,7 @@ def default_loss_share(
     # the layers, and the all-reduce below is a sync point.
     compile_loss = _keras.compile_loss(model)
     dtype = compile_loss.dtype if compile_loss is not None else None
-    regularization = loss_module.regularization_total(model.losses, dtype)
+    losses = model.losses
     if compile_loss is None:
         if not model.losses:
             raise ValueError(
@@ -354,19 +354,44 @@ def default_loss_share(
                 "`compile()` or losses added with `add_loss`. Received: "
                 "loss=None. Call e.g. `model.compile(optimizer, loss=...)`."
             )
-        shares = loss_module.count_only_shares(batch_size, regularization.dtype)
+        dtype = keras.config.floatx()
+        shares = loss_module.count_only_shares(batch_size, dtype)
     else:
         if terms is None:
             terms = loss_module.loss_terms(
                 compile_loss, y, y_pred, sample_weight, batch_size
             )
         shares = loss_module.compiled_loss_shares(terms, batch_size, global_batch)
-    # Regularization counts once per example of the global batch, as in the
-    # folded step: 1/R of it per replica when the batch splits evenly.
-    fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
     # Not `None`: `compiled_loss_shares` and `count_only_shares` set it.
     total = cast(tf.Tensor, shares.total)
-    return total + regularization * fraction, shares
+    regularization = regularization_share(
+        losses, shares.local_batch_size, shares.global_batch_size
+    )
+    return total + regularization, shares
+
+
+def regularization_share(
+    losses: Sequence[tf.Tensor],
+    local_batch: tf.Tensor,
+    global_batch: tf.Tensor | float | None = None,
+    valued_as_global: bool = False,
+) -> tf.Tensor:
+    """This replica's share of `losses` (its `model.losses`), counted once
+    per example of the global batch: `1/R` of it when the batch splits
+    evenly, 0 on a replica without examples.
+
+    A loss `add_loss` computes from the replica's own examples then counts
+    as one device's too. `global_batch` is the global number of examples
+    when the caller has it (else all-reduced here); `valued_as_global`
+    values the share as the sum of every replica's."""
+    regularization = loss_module.regularization_total(losses, local_batch.dtype)
+    (share,), _ = global_shares(
+        [regularization * local_batch],
+        [local_batch],
+        global_counts=None if global_batch is None else [global_batch],
+        valued_as_global=valued_as_global,
+    )
+    return share
 
 
 def with_layer_losses(
@@ -390,15 +415,11 @@ def with_layer_losses(
     """
     if not losses:
         return compiled
-    dtype = compiled.dtype if compiled is not None else None
-    regularization = loss_module.regularization_total(losses, dtype)
-    local = tf.cast(batch_size, regularization.dtype)
+    dtype = compiled.dtype if compiled is not None else keras.config.floatx()
+    local = tf.cast(batch_size, dtype)
     after = [compiled] if compiled is not None else []
     with tf.control_dependencies(after):
-        stacked = tf.stack([local, tf.stop_gradient(regularization) * local])
-        global_batch, weighted = tf.unstack(all_reduce_sum(stacked))
-    share = regularization * tf.math.divide_no_nan(local, global_batch)
-    total = valued_as_global(share, total=tf.math.divide_no_nan(weighted, global_batch))
+        total = regularization_share(losses, local, valued_as_global=True)
     return total if compiled is None else compiled + total
 
 
@@ -437,7 +458,7 @@ class CompiledPass:
         global_batch = None
         if not fold:
             dtype = _keras.compile_loss(model).dtype
-            global_batch = all_reduce_sum(tf.cast(batch_size, dtype))
+            _, (global_batch,) = global_shares([], [tf.cast(batch_size, dtype)])
         if not self._loss_fits(data, batch_size, global_batch):
             self._turn_off()
             return None

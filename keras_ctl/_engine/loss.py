@@ -21,8 +21,8 @@ from keras import tree
 
 from keras_ctl import _checks
 from keras_ctl import _keras
-from keras_ctl._replicas import all_reduce_sum
-from keras_ctl._replicas import divide_by_global_counts
+from keras_ctl._replicas import global_shares
+from keras_ctl._replicas import only_if_real
 
 
 class LossShares(NamedTuple):
@@ -98,7 +98,7 @@ def compiled_loss_shares(
     sums = [part.total for part in terms.parts]
     if global_batch_size is None:
         counts = [part.count for part in terms.parts] + [local_batch]
-        shares, global_counts = divide_by_global_counts(sums, counts)
+        shares, global_counts = global_shares(sums, counts)
         global_batch = global_counts[-1]
     else:
         shares = _fixed_count_shares(terms, global_batch_size)
@@ -137,16 +137,17 @@ def _fixed_count_shares(
 ) -> list[tf.Tensor]:
     """Each term's sum over `per_example x global_batch_size`, no collective
     (needs `terms.fixed_counts`)."""
-    return [
-        part.total
-        if part.count is None
-        else tf.math.divide_no_nan(
-            part.total,
-            # Not `None`: `terms.fixed_counts`.
-            tf.cast(cast(int, part.per_example) * global_batch_size, part.total.dtype),
-        )
-        for part in terms.parts
+    counted = [part for part in terms.parts if part.count is not None]
+    # Not `None`: `terms.fixed_counts`.
+    global_counts = [
+        cast(int, part.per_example) * global_batch_size for part in counted
     ]
+    shares, _ = global_shares(
+        [part.total for part in terms.parts],
+        [part.count for part in terms.parts],
+        global_counts=global_counts,
+    )
+    return shares
 
 
 def _weighted_total(
@@ -165,15 +166,13 @@ def loss_terms(
     replica's labels `y`, outputs `y_pred` and `sample_weight` (any nests
     matching the outputs), with `batch_size` real examples."""
     dtype = compile_loss.dtype
+
     # A replica padded with a placeholder example contributes nothing, not
     # even a NaN (a fully masked placeholder divides 0 by 0).
-    has_examples = batch_size > 0
-
     def local(value: tf.Tensor | None) -> tf.Tensor | None:
-        if value is None:
-            return None
-        value = tf.cast(value, dtype)
-        return tf.where(has_examples, value, tf.zeros_like(value))
+        return (
+            None if value is None else only_if_real(tf.cast(value, dtype), batch_size)
+        )
 
     y, y_pred = _align_structures(compile_loss, y, y_pred)
     terms: list[_keras.LossParts] = []
@@ -200,7 +199,8 @@ def loss_terms(
 def count_only_shares(batch_size: tf.Tensor, dtype: tf.DType | str) -> LossShares:
     """Returns `LossShares` with only the batch sizes (no compiled loss)."""
     local = tf.cast(batch_size, dtype)
-    return LossShares(tf.zeros((), dtype), [], all_reduce_sum(local), local)
+    _, (global_batch,) = global_shares([], [local])
+    return LossShares(tf.zeros((), dtype), [], global_batch, local)
 
 
 def _loss_term(

@@ -28,7 +28,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
-from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
 
@@ -61,7 +61,8 @@ def fraction_of_global_batch(data: Any) -> tf.Tensor | None:
     if not leaves:
         return None
     local = tf.cast(tf.shape(leaves[0])[0], tf.float64)
-    return tf.math.divide_no_nan(local, all_reduce_sum(local))
+    (fraction,), _ = global_shares([local], [local])
+    return fraction
 
 
 def logs_and_fraction(outputs: Any) -> tuple[Any, tf.Tensor | None]:

@@ -40,6 +40,8 @@ class EngineState:
         train_pass: Each replica's XLA-compiled training pass, when the
             step plan uses one.
         test_pass: The same for evaluation.
+        predicted_batches: The batches the predict function ran in the
+            current `predict()`.
         logged_metric_names: The keys a `compute_metrics` of the model's
             own returned, noted as the step is traced (Keras logs those),
             or `None`.
@@ -54,6 +56,7 @@ class EngineState:
     train_pass: CompiledPass | None = None
     test_pass: CompiledPass | None = None
     logged_metric_names: list[str] | None = None
+    predicted_batches: int = 0
 
     @property
     def draws_as_one_device(self) -> bool:

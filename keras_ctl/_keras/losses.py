@@ -13,7 +13,7 @@ from keras import tree
 
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
-from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import scoped
 from keras_ctl._replicas import valued_as_global
@@ -133,12 +133,6 @@ def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples)
     return LossParts(total, count, per_example)
 
 
-def _zero_unless(condition, value):
-    if value is None:
-        return None
-    return tf.where(condition, value, tf.zeros_like(value))
-
-
 @contextlib.contextmanager
 def rows_of_global_batch() -> Iterator[None]:
     """Within it (this thread), the rows a loss reduces are the global
@@ -237,21 +231,15 @@ def exact_reduction(original):
             # loss called inside it reduces as Keras does, locally.
             capture["parts"] = parts
             return original(values, sample_weight, mask, reduction, dtype)
-        real = getattr(_in_step, "real_examples", None)
-        if real is not None:
-            # A replica padded with a placeholder example (see
-            # `count_only_real_examples`) adds nothing, count included.
-            parts = parts._replace(
-                total=_zero_unless(real > 0, parts.total),
-                count=_zero_unless(real > 0, parts.count),
-            )
-        if parts.count is None:
-            return valued_as_global(parts.total)
-        total, count = tf.unstack(
-            all_reduce_sum(tf.stack([tf.stop_gradient(parts.total), parts.count]))
+        # A replica padded with a placeholder example (see
+        # `count_only_real_examples`) adds nothing, count included.
+        (share,), _ = global_shares(
+            [parts.total],
+            [parts.count],
+            examples=getattr(_in_step, "real_examples", None),
+            valued_as_global=True,
         )
-        share = tf.math.divide_no_nan(parts.total, count)
-        return valued_as_global(share, total=tf.math.divide_no_nan(total, count))
+        return share
 
     return reduce_weighted_values
 

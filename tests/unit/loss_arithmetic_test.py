@@ -15,7 +15,7 @@ import keras_ctl
 from keras_ctl import _keras
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine.padding import pad_empty_batch
-from keras_ctl._replicas import divide_by_global_counts
+from keras_ctl._replicas import global_shares
 
 ATOL = 1e-6
 SPLITS = {"uneven": 5, "empty_replica": 7}  # examples on replica 0 of 7
@@ -137,7 +137,7 @@ def test_one_collective_divides_every_sum_by_its_own_count():
     def shares(values, batch_size):
         sums = [tf.reduce_sum(values), 2.0 * tf.reduce_sum(values), tf.constant(1.0)]
         counts = [tf.cast(batch_size, "float32"), tf.constant(4.0), None]
-        divided, _ = divide_by_global_counts(sums, counts)
+        divided, _ = global_shares(sums, counts)
         return tf.stack(divided)
 
     values = np.arange(6, dtype="float32")[:, None]
@@ -147,6 +147,37 @@ def test_one_collective_divides_every_sum_by_its_own_count():
     assert total == pytest.approx(2.0 * values.sum() / 8)
     total = on_replicas(lambda v, n: shares(v, n)[2], values, split=4)
     assert total == 2.0  # a sum without a count is added as it is
+
+
+@pytest.mark.parametrize("split", SPLITS.values(), ids=SPLITS.keys())
+def test_the_core_leaves_out_an_empty_replica_and_values_shares_as_the_mean(split):
+    values = np.arange(1.0, 8.0, dtype="float32")[:, None]
+
+    def share(values, batch_size):
+        # The placeholder row is 0: its log is -inf, its sum NaN-prone.
+        log_sum = tf.reduce_sum(tf.math.log(values))
+        (mean,), (count,) = global_shares(
+            [log_sum],
+            [tf.cast(batch_size, "float32")],
+            examples=batch_size,
+            valued_as_global=True,
+        )
+        return mean + 0.0 * count
+
+    # Each replica's share is valued as the global mean: 2 of them.
+    expected = 2 * np.log(values).mean()
+    assert on_replicas(share, values, split=split) == pytest.approx(expected)
+
+
+def test_the_core_divides_by_given_global_counts_without_a_collective():
+    def share(values, batch_size):
+        (mean,), counts = global_shares(
+            [tf.reduce_sum(values)], [tf.ones(())], global_counts=[10.0]
+        )
+        return mean
+
+    values = np.arange(6, dtype="float32")[:, None]
+    assert on_replicas(share, values, split=4) == pytest.approx(15.0 / 10.0)
 
 
 def test_padding_gives_an_empty_replica_one_zero_example():
