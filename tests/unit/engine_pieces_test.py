@@ -201,3 +201,39 @@ def test_a_deferred_iterator_opens_on_first_read():
         [[4, 5], [6, 7]],
     ]
     assert isinstance(opened(iterator), tf.distribute.DistributedIterator)
+
+
+def test_engine_state_lives_beside_its_model_as_long_as_it():
+    import gc
+    import weakref
+
+    from keras_ctl._engine import state
+
+    inputs = keras.Input((2,))
+    model = keras_ctl.CTLModel(inputs, keras.layers.Dense(1)(inputs))
+    plain = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    kept = state.attach(model)
+    kept.predicted_batches = 3
+    assert state.of(model) is kept and state.kept_for(model)
+    # Any other model gets a new empty state, kept nowhere.
+    assert state.of(plain) is not state.of(plain) and not state.kept_for(plain)
+    assert state.of(plain).predicted_batches == 0
+    gone = weakref.ref(kept)
+    del model, kept
+    gc.collect()
+    assert gone() is None
+
+
+def test_not_converted_leaves_a_function_to_python():
+    from keras_ctl._engine.autograph import not_converted
+
+    def magnitude(x):
+        if x > 0:  # a Python `if` on a tensor: AutoGraph makes it a `tf.cond`
+            return x
+        return -x
+
+    converted = tf.function(magnitude)
+    assert float(converted(tf.constant(-2.0))) == 2.0
+    left_as_written = tf.function(not_converted(magnitude))
+    with pytest.raises(TypeError, match="tf.Tensor"):
+        left_as_written(tf.constant(-2.0))

@@ -150,3 +150,25 @@ def test_no_import_cycle():
     # The package's surface re-exports everything; nothing imports it back.
     graph.pop("", None)
     assert cycles(graph) == []
+
+
+def test_every_module_has_its_test_file_written_down():
+    """`tests/README.md` answers "where is this module tested?" with one
+    test file a module, for every module of the package."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    readme = (root / "tests" / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith(".py`"):
+            rows[cells[0].strip("`")] = cells[1].strip("`")
+    modules = {
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if "__pycache__" not in path.parts
+    } | {"keras_ctl_cli.py", "keras_ctl_launch.py"}
+    assert sorted(modules - rows.keys()) == []  # modules without a row
+    assert sorted(rows.keys() - modules) == []  # rows of modules that are gone
+    for module, test_file in rows.items():
+        source = (root / test_file).read_text()
+        assert test_file.endswith("_test.py") and "\ndef test_" in source, module
