@@ -4,7 +4,11 @@ Inside a replica step (`strategy.run`), each block returns this replica's
 *share* of a global quantity: the shares of all replicas sum to the value one
 device computes on the whole global batch. `tf.distribute` sums gradients
 across replicas, so the gradient of a share is this replica's exact share of
-the global gradient. `CTLModel`'s default step is built from these blocks.
+the global gradient. These blocks and `CTLModel`'s default steps divide
+through the same function (`_replicas.global_shares`) and sum gradients
+the same way before `optimizer.apply`; the default steps also fold the
+global count into the gradients' all-reduce, one collective a step, which
+`global_mean` (a collective of its own) does not.
 """
 
 from __future__ import annotations
@@ -100,12 +104,11 @@ def global_mean(
         weights = tf.broadcast_to(
             tf.cast(sample_weight, values.dtype), tf.shape(values)
         )
-    # A replica without examples holds a placeholder, which weighs nothing.
-    values = _keras.without_placeholder(values)
-    weights = _keras.without_placeholder(weights)
     (share,), _ = global_shares(
         [tf.reduce_sum(values * weights)],
         [tf.reduce_sum(weights)],
+        # A replica without examples holds a placeholder, which weighs nothing.
+        examples=_keras.real_examples(),
         global_counts=None if global_weight is None else [global_weight],
         # Read as the replica's batch's loss, it is valued as one device's.
         valued_as_global=batch_fraction() is not None,

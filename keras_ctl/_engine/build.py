@@ -56,7 +56,7 @@ def predict_function(model: Any) -> Callable[[Any], Any]:
     data's order under any strategy (`loop.predict`)."""
     plan = StepPlan.for_model(model, default_loss=False)
     predict_batches = loop.predict(model.distribute_strategy, model.predict_step, plan)
-    engine = engine_state.of(model)
+    engine = engine_state.attach(model)
 
     def function(batches: Any) -> Any:
         engine.predicted_batches += 1
@@ -70,7 +70,7 @@ def predictions_or_no_rows(model: Any, keras_predict: Callable[[], Any], x: Any)
     """`keras_predict()`, Keras's `predict` of `x`; for data without any
     example, arrays of no rows shaped like the predictions (Keras 3.15
     raises `UnboundLocalError`)."""
-    engine = engine_state.of(model)
+    engine = engine_state.attach(model)
     engine.predicted_batches = 0
     try:
         return keras_predict()

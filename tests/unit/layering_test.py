@@ -172,3 +172,28 @@ def test_every_module_has_its_test_file_written_down():
     for module, test_file in rows.items():
         source = (root / test_file).read_text()
         assert test_file.endswith("_test.py") and "\ndef test_" in source, module
+
+
+# Beside the package, so that `--help` and bad flags answer before
+# TensorFlow starts (importing any module of the package imports it).
+ENTRY_MODULES = ("keras_ctl_cli", "keras_ctl_launch")
+
+
+def test_the_package_depends_on_no_module_beside_it():
+    """Only `keras_ctl/launch.py`, the `python -m keras_ctl.launch` entry,
+    names the launcher beside the package, and no module of the package
+    imports that entry."""
+    naming = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] in ENTRY_MODULES for name in names):
+                naming.add(str(path.relative_to(PACKAGE)))
+    assert naming == {"launch.py"}
+    graph = module_graph()
+    assert sorted(module for module, edges in graph.items() if "launch" in edges) == []
