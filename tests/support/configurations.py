@@ -82,7 +82,7 @@ def draw(seed):
     if loss == "scalar_loss":
         # Refused under several replicas (see `test_a_weighted_scalar_loss_*`).
         weights = "none"
-    return {
+    config = {
         "seed": seed,
         "kind": kind,
         "task": "regression" if regression else "classification",
@@ -101,6 +101,13 @@ def draw(seed):
         # Drawn last: the keys above are what they were for every seed.
         "random": pick(RANDOM_LAYERS) if kind in RANDOM_KINDS else "none",
     }
+    # Drawn after those, for the same reason: one configuration in 8 has a
+    # loss whose own `__call__` skips Keras's reduction. It returns one
+    # value for the batch, which weights cannot weigh (refused under
+    # several replicas), so it trains without them.
+    if rng.integers(8) == 0:
+        config.update(loss="own_call_loss", weights="none")
+    return config
 
 
 def describe(config):
