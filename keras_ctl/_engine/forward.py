@@ -437,10 +437,6 @@ class CompiledPass:
         self._training = training
         self._function = tf.function(self._run, jit_compile=True, reduce_retracing=True)
         self._lock = threading.Lock()
-        # Set while tracing: whether the loss fits a pass.
-        self._fits: bool | None = None
-        # The same, by traced concrete function.
-        self._fits_of: dict[int, bool | None] = {}
         self.usable = True
 
     # Python decisions only, nothing for AutoGraph to convert (converted, it
@@ -463,26 +459,23 @@ class CompiledPass:
             self._turn_off()
             return None
         if fold:
-            y_pred, total, per_output, gradients = self._function(
+            y_pred, total, per_output, gradients, _ = self._function(
                 data, batch_size, None
             )
             summed = (total, per_output)
             return divide_after_sum(y_pred, summed, gradients, batch_size)
         with tf.control_dependencies([global_batch]):
-            y_pred, loss, shares, gradients = self._function(
+            y_pred, loss, shares, gradients, _ = self._function(
                 data, batch_size, global_batch
             )
             gradients, _ = sum_across_replicas(gradients)
         return _pass(y_pred, loss, shares, gradients)
 
-    def _loss_fits(self, *args: Any) -> bool | None:
-        """Whether the loss fits the pass for `args`, from its trace
-        (which runs nothing)."""
-        traced = self.tracing_count()
+    def _loss_fits(self, *args: Any) -> bool:
+        """Whether the loss fits the pass for `args`: what its trace (which
+        runs nothing) returned as a constant."""
         concrete = self._function.get_concrete_function(*args)
-        if self.tracing_count() != traced:
-            self._fits_of[id(concrete)] = self._fits
-        return self._fits_of[id(concrete)]
+        return bool(tf.get_static_value(concrete.structured_outputs[-1]))
 
     def tracing_count(self) -> int:
         """How many times XLA traced the pass (0 until a step ran it)."""
@@ -505,11 +498,16 @@ class CompiledPass:
     def _run(
         self, data: Any, batch_size: tf.Tensor, global_batch: tf.Tensor | None
     ) -> tuple[
-        Any, tf.Tensor, list[tf.Tensor] | loss_module.LossShares, list[Gradient | None]
+        Any,
+        tf.Tensor,
+        list[tf.Tensor] | loss_module.LossShares,
+        list[Gradient | None],
+        bool,
     ]:
         """With `global_batch` None: `(y_pred, loss x examples, per-output
-        parts, gradients)`, else `(y_pred, loss share, shares, gradients)`.
-        Notes in `_fits` whether the loss's counts allow it."""
+        parts, gradients, fits)`, else `(y_pred, loss share, shares,
+        gradients, fits)`. `fits`, whether the loss's counts allow the pass,
+        is decided as it is traced: a constant of the traced function."""
         model = self._model
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
@@ -518,9 +516,9 @@ class CompiledPass:
             terms = loss_module.loss_terms(
                 _keras.compile_loss(model), y, y_pred, sample_weight, batch_size
             )
-            self._fits = terms.foldable if global_batch is None else terms.fixed_counts
-            if not self._fits:
-                return y_pred, tf.zeros(()), [], []  # traced, never run
+            fits = terms.foldable if global_batch is None else terms.fixed_counts
+            if not fits:
+                return y_pred, tf.zeros(()), [], [], False  # traced, never run
             loss, parts = (
                 loss_times_examples(model, terms, batch_size)
                 if global_batch is None
@@ -537,4 +535,4 @@ class CompiledPass:
             if self._training
             else []
         )
-        return y_pred, loss, parts, gradients
+        return y_pred, loss, parts, gradients, True
