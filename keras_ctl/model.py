@@ -641,13 +641,19 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
 
     def make_train_function(self, force: bool = False) -> Callable[..., Any]:
         if self.train_function is None or force:
+            if build.optimizers_built_first(self):
+                self.build_optimizers()
             default_step = type(self).train_step is CTLModel.train_step
-            self.train_function = build.train_function(self, default_step)
+            self.train_function = build.train_function(
+                self, self.optimizers_and_variables(), default_step
+            )
         return self.train_function
 
     def make_test_function(self, force: bool = False) -> Callable[..., Any]:
         if self.test_function is None or force:
-            self.test_function = build.test_function(self)
+            self.test_function = build.test_function(
+                self, self.optimizers_and_variables()
+            )
         return self.test_function
 
     def make_predict_function(self, force: bool = False) -> Callable[..., Any]:

@@ -39,13 +39,19 @@ from keras_ctl._replicas import assign_whole
 from keras_ctl._replicas import sum_across_replicas
 from keras_ctl.distribute import topology
 
+# What a model's `optimizers_and_variables()` returns.
+OptimizerPairs = Sequence[tuple[Any, Iterable[Any]]]
+
 MODES = ("micro_batches", "examples")
 
 
-def for_model(model: keras.Model, default_step: bool) -> GradientAccumulation | None:
+def for_model(
+    model: keras.Model, optimizers: OptimizerPairs, default_step: bool
+) -> GradientAccumulation | None:
     """The `GradientAccumulation` of `model`'s train step, or `None` when
     no optimizer accumulates or Keras's own accumulation is exact (one
-    device, `"micro_batches"`).
+    device, `"micro_batches"`). `optimizers`: the model's
+    `optimizers_and_variables()`.
 
     Raises:
         ValueError: when neither can run: under several replicas (or with
@@ -56,7 +62,7 @@ def for_model(model: keras.Model, default_step: bool) -> GradientAccumulation | 
     strategy = model.distribute_strategy
     replicas = strategy.num_replicas_in_sync
     mode = engine_state.of(model).gradient_accumulation
-    pairs = [(o, list(v)) for o, v in model.optimizers_and_variables() if o]
+    pairs = [(o, list(v)) for o, v in optimizers if o]
     accumulating = [(o, v) for o, v in pairs if _steps(o)]
     if not accumulating or (replicas == 1 and mode == "micro_batches"):
         return None

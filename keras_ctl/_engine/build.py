@@ -2,10 +2,10 @@
 Keras asks for them (`make_train_function`, `make_test_function`,
 `make_predict_function`).
 
-What they run is read here once, from Keras's public model API and
-`CTLModel`'s public hooks (`optimizers_and_variables`,
-`build_optimizers`): the step plan, the XLA pass, the accumulation, and
-the `StepParts` the step function is handed. What the engine keeps
+What they run is read here once, from Keras's public model API and what
+`CTLModel` hands over (its `optimizers_and_variables()`): the step plan,
+the XLA pass, the accumulation, and the `StepParts` the step function is
+handed. The engine calls nothing of `CTLModel`'s own. What it keeps
 between calls is the model's `state.of(model)`.
 """
 
@@ -24,6 +24,7 @@ from keras_ctl._engine import accumulation
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
 from keras_ctl._engine import state as engine_state
+from keras_ctl._engine.accumulation import OptimizerPairs
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.replica_step import StepParts
 from keras_ctl._engine.step_function import StepFunction
@@ -32,22 +33,34 @@ from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import reads_as_one_device
 
 
-def train_function(model: Any, default_step: bool) -> StepFunction:
+def optimizers_built_first(model: Any) -> bool:
+    """Whether `model`'s optimizers are built before its first step: not
+    when a step of the user's own has layers to build on first use (that
+    step then builds the optimizers too, with every variable)."""
+    return bool(model.built) and not _layers_built_by_its_step(model)
+
+
+def train_function(
+    model: Any, optimizers: OptimizerPairs, default_step: bool
+) -> StepFunction:
     """The train function of `model` (a `CTLModel`), its accumulation and
-    XLA pass set in its engine state; `default_step`: whether its
-    `train_step` is `CTLModel`'s."""
-    if model.built and not _layers_built_by_its_step(model):
-        model.build_optimizers()
+    XLA pass set in its engine state. `optimizers`: its
+    `optimizers_and_variables()`; `default_step`: whether its `train_step`
+    is `CTLModel`'s."""
     engine = engine_state.of(model)
-    engine.accumulation = accumulation.for_model(model, default_step)
-    engine.train_pass, function = _step_function(model, model.train_step, True)
+    engine.accumulation = accumulation.for_model(model, optimizers, default_step)
+    engine.train_pass, function = _step_function(
+        model, optimizers, model.train_step, True
+    )
     return function
 
 
-def test_function(model: Any) -> StepFunction:
+def test_function(model: Any, optimizers: OptimizerPairs) -> StepFunction:
     """The test function of `model`, its XLA pass set in its engine state."""
     engine = engine_state.of(model)
-    engine.test_pass, function = _step_function(model, model.test_step, False)
+    engine.test_pass, function = _step_function(
+        model, optimizers, model.test_step, False
+    )
     return function
 
 
@@ -107,7 +120,10 @@ def _input_spec(x: Any) -> Any:
 
 
 def _step_function(
-    model: Any, step: Callable[[Any], Any], training: bool
+    model: Any,
+    optimizers: OptimizerPairs,
+    step: Callable[[Any], Any],
+    training: bool,
 ) -> tuple[forward.CompiledPass | None, StepFunction]:
     engine = engine_state.of(model)
     # Only the compiled loss has collectives known before tracing, so only
@@ -126,9 +142,7 @@ def _step_function(
     parts = StepParts(
         strategy=model.distribute_strategy,
         state=engine,
-        optimizers=lambda: [
-            o for o, _ in model.optimizers_and_variables() if o is not None
-        ],
+        optimizers=[o for o, _ in optimizers if o is not None],
         metrics=lambda: model.metrics,
         builds_on_first_use=lambda: _builds_state_on_first_use(model),
         reads_as_one_device=reads_as_one_device(

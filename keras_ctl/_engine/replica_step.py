@@ -36,13 +36,14 @@ class StepParts(NamedTuple):
     """What a train or test function runs besides its step and plan.
 
     The callables are read when the step is traced (or, for
-    `builds_on_first_use`, at the first call): a model's optimizers and
-    metrics can be built lazily.
+    `builds_on_first_use`, at the first call): a model's metrics can be
+    built lazily.
 
     Attributes:
         strategy: The strategy the step runs under.
         state: The model's `EngineState` (accumulation, resume plan).
-        optimizers: Returns the optimizers the step updates.
+        optimizers: The optimizers the step updates (the model's
+            `optimizers_and_variables()` when the function was made).
         metrics: Returns the model's metrics, whose state the step updates.
         builds_on_first_use: Returns whether the first step creates
             variables (optimizers, compiled loss or metrics built on first
@@ -56,7 +57,7 @@ class StepParts(NamedTuple):
 
     strategy: tf.distribute.Strategy
     state: EngineState
-    optimizers: Callable[[], list[Any]]
+    optimizers: list[Any]
     metrics: Callable[[], list[Any]]
     builds_on_first_use: Callable[[], bool]
     reads_as_one_device: bool = False
@@ -143,7 +144,7 @@ class ReplicaStep:
 
         if not self.training:
             return run()
-        ema = _keras.EmaAfterStep(self.parts.optimizers())
+        ema = _keras.EmaAfterStep(self.parts.optimizers)
         accumulation = self.parts.state.accumulation
         outputs = accumulation.run(run) if accumulation else run()
         ema.update()
@@ -178,7 +179,7 @@ class ReplicaStep:
         if self.notice is not None and isinstance(outputs, dict):
             shared = outputs_module.ReplicaSum(self.notice.read_value())
             outputs = {**outputs, preemption.NOTICE_LOG: shared}
-        updates_done = [tf.identity(o.iterations) for o in self.parts.optimizers()]
+        updates_done = [tf.identity(o.iterations) for o in self.parts.optimizers]
         with tf.control_dependencies(updates_done):
             updated = _keras.updated_metrics(self.parts.metrics(), trace.written)
             return outputs_module.reduce_step_logs(
