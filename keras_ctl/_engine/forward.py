@@ -147,12 +147,7 @@ def own_compute_loss(
     """
     dtype = keras.config.floatx()
     shares = loss_module.count_only_shares(batch_size, dtype)
-    # The replica's share of the global batch's examples.
-    (fraction,), _ = global_shares(
-        [shares.local_batch_size],
-        [shares.local_batch_size],
-        global_counts=[shares.global_batch_size],
-    )
+    fraction = tf.math.divide_no_nan(shares.local_batch_size, shares.global_batch_size)
     if y_pred is None:
         y_pred = model(x, training=training)
     seen = (x, y, y_pred, sample_weight)
@@ -318,13 +313,9 @@ def divide_after_sum(
     local_batch = tf.cast(batch_size, total.dtype)
     gradients, (global_batch,) = sum_across_replicas(gradients, [local_batch])
     gradients = update.divide(gradients, global_batch)
-    parts = [total, *per_output]
-    (total_share, *output_shares), _ = global_shares(
-        parts, [local_batch] * len(parts), global_counts=[global_batch] * len(parts)
-    )
     shares = loss_module.LossShares(
-        total=total_share,
-        per_output=output_shares,
+        total=tf.math.divide_no_nan(total, global_batch),
+        per_output=[tf.math.divide_no_nan(part, global_batch) for part in per_output],
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
