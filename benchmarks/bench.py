@@ -97,6 +97,7 @@ class ExactCount(CTLModel):
     def mean_loss(self, per_example):
         return blocks.global_mean(per_example)
 
+    @blocks.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:

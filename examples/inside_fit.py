@@ -49,6 +49,7 @@ def main():
     class SpelledOut(keras_ctl.CTLModel):
         """`fit()`'s step, written out."""
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             x, y = data
             with tf.GradientTape() as tape:

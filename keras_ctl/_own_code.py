@@ -1,34 +1,34 @@
 """Which code of a model is the user's own, and how keras_ctl reads it:
 one answer for the engine, building from the first step, and the parity
-kit."""
+kit.
+
+The reading of a step of one's own is decided from what runs, never from
+how it is spelled. It is one device's code (`_replicas.Reading`) unless
+`keras_ctl.written_in_shares` runs as part of it before any loss is read
+as one device's (`declare_in_shares`). Replica arithmetic called from the
+user's code (`keras_ctl.all_gather`, `tf.nn.compute_average_loss`, a
+replica context's `all_reduce`, ...), whatever module, alias, decorator or
+partial it is called through, is seen as it is called (`replica_arithmetic`
+for keras_ctl's, `watching_replica_arithmetic` for TensorFlow's): in code
+read as one device's it is refused by name (`StepReadingError`), because
+the same call means one thing in shares and another in one device's code.
+"""
 
 import ast
+import contextlib
+import functools
 import inspect
+import sys
 import textwrap
 import types
+from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
+from typing import TypeVar
 
-# Names of the replica arithmetic of keras_ctl and TensorFlow. A step that
-# uses one of them is written in replica shares, and runs as written.
-REPLICA_ARITHMETIC = frozenset(
-    {
-        "num_replicas",
-        "num_replicas_in_sync",
-        "get_replica_context",
-        "all_reduce",
-        "all_reduce_sum",
-        "all_gather",
-        "row_offset",
-        "global_mean",
-        "scaled_regularization_loss",
-        "minimize",
-        "ReplicaSum",
-        "ExampleMean",
-        "compute_average_loss",
-        "scale_regularization_loss",
-    }
-)
+import tensorflow as tf
 
+from keras_ctl._replicas import current_reading
 
 def is_users_own(owner: Any, method: str) -> bool:
     """Whether `owner.method` (`"train_step"`, `"test_step"`,
@@ -58,27 +58,20 @@ def is_users_function(function: Any) -> bool:
     return module.split(".")[0] not in ("keras", "keras_ctl", "tensorflow")
 
 
-def reads_as_one_device(owner: Any, method: str) -> bool:
-    """Whether the user's own `owner.method` is read as one device's code
-    (`keras_ctl._engine.own_step`): it is the user's, and names none of
-    `REPLICA_ARITHMETIC`."""
-    return is_users_own(owner, method) and not replica_arithmetic_named(owner, method)
+def marked_in_shares(owner: Any, method: str) -> bool:
+    """Whether `owner.method` is the function `keras_ctl.written_in_shares`
+    returned (or wraps it, `functools.wraps` copying its mark): the engine
+    then runs it in shares from its first line, without the fraction's
+    collective. A step that declares itself otherwise (a decorated helper,
+    a `functools.partial`) is found when it runs (`declare_in_shares`)."""
+    function = getattr(owner, method, None)
+    for candidate in (function, getattr(function, "__func__", None)):
+        if candidate is not None and getattr(candidate, IN_SHARES_MARK, False):
+            return True
+    return False
 
 
-def replica_arithmetic_named(owner: Any, method: str) -> list[str]:
-    """The names of `REPLICA_ARITHMETIC` that `owner.method` uses, in
-    its body, in functions defined in it, and in the model's code it calls
-    (`functions_read_by`), sorted; `written_in_shares` for a step so
-    marked (`keras_ctl.written_in_shares`)."""
-    names: set[str] = set()
-    for function in functions_read_by(owner, method):
-        names |= _names_in(function.__code__) & REPLICA_ARITHMETIC
-        if getattr(function, IN_SHARES_MARK, False):
-            names.add("written_in_shares")
-    return sorted(names)
-
-
-# The attribute `keras_ctl.written_in_shares` sets on a step.
+# The attribute `keras_ctl.written_in_shares` sets on what it returns.
 IN_SHARES_MARK = "__keras_ctl_written_in_shares__"
 
 
@@ -214,3 +207,167 @@ def _may_take_a_batch_statistic(name, call):
 
 def _is_true(node):
     return isinstance(node, ast.Constant) and node.value is True
+
+
+class StepReadingError(ValueError):
+    """Code of one's own does what its reading forbids: replica arithmetic
+    in one device's code, or `written_in_shares` after a loss was read as
+    one device's."""
+
+
+# keras_ctl's replica arithmetic that is one device's code in a
+# `compute_loss` of one's own: the loss of gathered rows, which the step
+# weighs by each replica's part (parts that add up to one).
+_ONE_DEVICES_IN_COMPUTE_LOSS = frozenset({"keras_ctl.all_gather", "keras_ctl.row_offset"})
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def replica_arithmetic(name: str) -> Callable[[_F], _F]:
+    """Decorates keras_ctl's public replica arithmetic (`all_gather`, ...):
+    called from the user's code read as one device's, it is refused
+    (`StepReadingError`). Called from keras_ctl's or Keras's own code, it
+    is theirs."""
+
+    def decorate(function: _F) -> _F:
+        @functools.wraps(function)
+        def called(*args: Any, **kwargs: Any) -> Any:
+            _check_called(name, _caller(inspect.currentframe()))
+            return function(*args, **kwargs)
+
+        # AutoGraph leaves it as written, so the frame above it is its caller.
+        return tf.autograph.experimental.do_not_convert(called)  # type: ignore[no-any-return]
+
+    return decorate
+
+
+def declare_in_shares(owner: str) -> None:
+    """`keras_ctl.written_in_shares` runs: the code of one's own running on
+    this thread is in shares from now on (its gradients and logs summed as
+    they are). Refused once a loss was read as one device's."""
+    reading = current_reading()
+    if reading is None or reading.in_shares:
+        return
+    if reading.kind != "step":
+        raise StepReadingError(
+            f"`keras_ctl.written_in_shares` ({owner}) runs inside "
+            f"{reading.owner}, a `compute_loss` of one's own, which keras_ctl "
+            "always reads as one device's code (the step weighs its loss by "
+            "the replica's part of the batch). Decorate the `train_step` that "
+            "computes shares instead, or leave the decorator out and return one "
+            "device's loss."
+        )
+    if reading.consulted:
+        raise StepReadingError(
+            f"`keras_ctl.written_in_shares` ({owner}) runs in the middle of "
+            f"{reading.owner}, after the step already computed a loss or a "
+            "gradient as one device's code, so the step would be half one "
+            "device's code and half shares. Decorate the step itself "
+            "(`@keras_ctl.written_in_shares` above `def train_step`), or a "
+            "function it calls before it computes any loss."
+        )
+    reading.in_shares = True
+
+
+def _check_called(name: str, caller: types.FrameType | None) -> None:
+    reading = current_reading()
+    if reading is None or reading.in_shares or not _is_users_frame(caller):
+        return
+    if reading.kind == "compute_loss" and name in _ONE_DEVICES_IN_COMPUTE_LOSS:
+        return
+    where = "" if caller is None else (
+        f" (at {caller.f_code.co_filename}:{caller.f_lineno})"
+    )
+    raise StepReadingError(
+        f"{reading.owner} is read as one device's code, but it calls "
+        f"`{name}`{where}, replica arithmetic: its meaning depends on whether "
+        "the code computes this replica's share or one device's loss, which "
+        "keras_ctl cannot tell from the code. "
+        + (_FIX_IN_COMPUTE_LOSS if reading.kind == "compute_loss" else _FIX_IN_STEP)
+    )
+
+
+_FIX_IN_STEP = (
+    "If the step computes each replica's share itself (the global-batch "
+    "guide's recipe: gathered rows and 1 / keras_ctl.num_replicas() of their "
+    "loss, or tf.nn.compute_average_loss), decorate it with "
+    "`@keras_ctl.written_in_shares`. If it is one device's code over the "
+    "whole batch, compute that loss in a `compute_loss` of your own (where "
+    "`keras_ctl.all_gather` is one device's code) or pass "
+    '`compile(compute_loss_over="global_batch")`. To log a sum over '
+    "replicas, return `keras_ctl.ReplicaSum(value)` instead."
+)
+
+_FIX_IN_COMPUTE_LOSS = (
+    "A `compute_loss` of one's own is one device's code (the step weighs its "
+    "loss by the replica's part of the batch): gather rows with "
+    "`keras_ctl.all_gather` (its loss is then one device's), or pass "
+    '`compile(compute_loss_over="global_batch")`, and return one device\'s '
+    "loss without dividing it by the replica count."
+)
+
+_LIBRARIES = ("keras", "keras_ctl", "tensorflow")
+
+
+def _caller(frame: types.FrameType | None) -> types.FrameType | None:
+    """The frame that called the function running in `frame`, past
+    TensorFlow's own frames (AutoGraph's `converted_call`, dispatch and
+    decorator wrappers)."""
+    frame = frame.f_back if frame is not None else None
+    while frame is not None and _package(frame) == "tensorflow":
+        frame = frame.f_back
+    return frame
+
+
+def _package(frame: types.FrameType) -> str:
+    return str(frame.f_globals.get("__name__", "")).split(".")[0]
+
+
+def _is_users_frame(frame: types.FrameType | None) -> bool:
+    return frame is not None and _package(frame) not in _LIBRARIES
+
+
+@contextlib.contextmanager
+def watching_replica_arithmetic() -> Iterator[None]:
+    """Within it (this thread), TensorFlow's replica arithmetic called from
+    the user's code (`tf.nn.compute_average_loss`,
+    `tf.nn.scale_regularization_loss`, a replica context's `all_reduce` and
+    `all_gather`) is checked against the reading as it is called, whatever
+    name it is called by: a profile function sees the code that runs. The
+    previous profile function is back on every exit."""
+    watched = _tensorflows_replica_arithmetic()
+    previous = sys.getprofile()
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if previous is not None and callable(previous):
+            previous(frame, event, arg)
+        if event == "call":
+            name = watched.get(frame.f_code)
+            if name is not None:
+                _check_called(name, _caller(frame))
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+
+
+def _tensorflows_replica_arithmetic() -> dict[types.CodeType, str]:
+    """`{code: name}` of TensorFlow's replica arithmetic: the two loss
+    scalings of `tf.nn` and the collectives of every replica context class
+    loaded (strategies define their own)."""
+    found = {}
+    for name in ("compute_average_loss", "scale_regularization_loss"):
+        function = inspect.unwrap(getattr(tf.nn, name))
+        found[function.__code__] = f"tf.nn.{name}"
+    classes = [tf.distribute.ReplicaContext]
+    while classes:
+        cls = classes.pop()
+        classes += cls.__subclasses__()
+        for method in ("all_reduce", "all_gather"):
+            function = vars(cls).get(method)
+            code = getattr(inspect.unwrap(function), "__code__", None) if function else None
+            if code is not None:
+                found[code] = f"tf.distribute.ReplicaContext.{method}"
+    return found

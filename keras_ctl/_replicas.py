@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from keras_ctl.distribute import topology
 
-# This thread's share of the global batch while code of the user's own (a
-# `train_step`, `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
+# This thread's `Reading` while code of the user's own (a `train_step`,
+# `test_step` or `compute_loss`) runs (`read_as_batch_losses`).
 _batch = threading.local()
 
 # A gradient as `tape.gradient` gives it: dense, or rows of a variable.
@@ -215,13 +215,38 @@ def scoped(local: threading.local, name: str, value: object) -> Iterator[None]:
         setattr(local, name, previous)
 
 
+class Reading:
+    """How the user's own code running on this thread is read: one
+    device's code on the replica's part of the batch (`fraction` of the
+    global batch), until `written_in_shares` declares it in shares.
+
+    Attributes:
+        fraction: This replica's examples over the global batch's.
+        owner: The code read, for messages (`"MyModel.train_step"`).
+        kind: `"step"` (its gradients and logs are weighed by `fraction`)
+            or `"compute_loss"` (its loss is).
+        consulted: Whether keras_ctl has read the fraction (a loss, a
+            tracker or a gradient computed as one device's): from then on
+            the reading cannot change.
+        in_shares: Whether the code declared itself written in shares.
+    """
+
+    def __init__(self, fraction: tf.Tensor, owner: str, kind: str) -> None:
+        self.fraction = fraction
+        self.owner = owner
+        self.kind = kind
+        self.consulted = False
+        self.in_shares = False
+
+
 @contextlib.contextmanager
 def read_as_batch_losses(
-    fraction: tf.Tensor | None, gradients_weighed: bool = False
-) -> Iterator[None]:
+    fraction: tf.Tensor | None, owner: str = "code of your own", kind: str = "compute_loss"
+) -> Iterator[Reading | None]:
     """Within it (this thread), a loss is read as one device reads it: the
     value of this replica's batch alone, which the step weighs by
     `fraction`, the replica's number of examples over the global batch's.
+    Yields the `Reading` (`None` for a `None` fraction).
 
     So a mean over the replica's examples (`ops.mean`, a loss function's
     per-example values averaged) becomes the global mean once the replicas'
@@ -230,20 +255,39 @@ def read_as_batch_losses(
     Keras's `Loss` objects, `Model.compute_loss`, `global_mean`) keeps its
     one-device gradient. A replica without examples weighs 0: nothing it
     computes on its placeholder reaches the update, NaN included
-    (`weighed_by_fraction`). The step weighs the loss (a `compute_loss` of
-    one's own), or the gradients where they are summed (a `train_step` of
-    one's own: `sum_across_replicas`) and the logs (`outputs`);
-    `gradients_weighed` says it is the gradients (`sum_read_as_one_device`).
+    (`weighed_by_fraction`). The step weighs the loss (`kind`
+    `"compute_loss"`: a `compute_loss` of one's own), or the gradients
+    where they are summed (`"step"`: a `train_step` of one's own,
+    `sum_across_replicas`) and the logs (`outputs`).
     """
-    with scoped(_batch, "fraction", fraction):
-        with scoped(_batch, "gradients_weighed", gradients_weighed):
-            yield
+    outer = current_reading()
+    if outer is not None:
+        outer.consulted = True  # the inner code's value is read as one device's
+    reading = None if fraction is None else Reading(fraction, owner, kind)
+    with scoped(_batch, "reading", reading):
+        yield reading
+
+
+def current_reading() -> Reading | None:
+    """The `Reading` of the user's code running on this thread, or `None`
+    (no code of one's own, or keras_ctl's own code written in shares)."""
+    return getattr(_batch, "reading", None)
 
 
 def batch_fraction() -> tf.Tensor | None:
-    """This replica's fraction of the global batch inside
-    `read_as_batch_losses`, else `None`."""
-    return getattr(_batch, "fraction", None)
+    """This replica's fraction of the global batch while code of one's own
+    is read as one device's code, else `None`. Reading it fixes the
+    reading: a later `written_in_shares` is refused."""
+    reading = current_reading()
+    if reading is None or reading.in_shares:
+        return None
+    reading.consulted = True
+    return reading.fraction
+
+
+def _gradients_weighed() -> bool:
+    reading = current_reading()
+    return reading is not None and reading.kind == "step"
 
 
 def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
@@ -259,7 +303,7 @@ def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
     the sum with the weight it has in one device's loss (a synchronized
     BatchNorm's moments on uneven replicas: 3, 3 and 2 examples)."""
     fraction = batch_fraction()
-    if fraction is None or not getattr(_batch, "gradients_weighed", False):
+    if fraction is None or not _gradients_weighed():
         return all_reduce_sum(value)
 
     @tf.custom_gradient
@@ -276,11 +320,14 @@ def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
 def written_in_shares(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """`method` (keras_ctl's own exact step code, such as `GAN.train_step`)
     runs with its shares as written, also when a step of the user's own
-    calls it: the reading of `read_as_batch_losses` is off within it."""
+    calls it: no `Reading` is in effect within it."""
 
     @functools.wraps(method)
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with scoped(_batch, "fraction", None):
+        reading = current_reading()
+        if reading is not None:
+            reading.consulted = True  # its value is its own, not a share to weigh
+        with scoped(_batch, "reading", None):
             return method(*args, **kwargs)
 
     return run

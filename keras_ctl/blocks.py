@@ -13,6 +13,8 @@ global count into the gradients' all-reduce, one collective a step, which
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -25,8 +27,10 @@ from keras_ctl import _keras
 from keras_ctl._engine import gather
 from keras_ctl._engine import update
 from keras_ctl._engine.loss import regularization_total
+from keras_ctl import _replicas
 from keras_ctl._own_code import IN_SHARES_MARK
-from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._own_code import declare_in_shares
+from keras_ctl._own_code import replica_arithmetic
 from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
@@ -116,6 +120,12 @@ def global_mean(
     return share
 
 
+all_reduce_sum = replica_arithmetic("keras_ctl.all_reduce_sum")(
+    _replicas.all_reduce_sum
+)
+
+
+@replica_arithmetic("keras_ctl.all_gather")
 def all_gather(values: tf.Tensor) -> tf.Tensor:
     """Returns the rows of every replica's `values`, in global-batch order.
 
@@ -178,6 +188,7 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     return gather.global_batch(values)
 
 
+@replica_arithmetic("keras_ctl.row_offset")
 def row_offset(values: tf.Tensor) -> tf.Tensor:
     """Returns where this replica's rows of `values` start in
     `all_gather(values)`: the number of rows of the replicas before it.
@@ -343,24 +354,32 @@ def minimize(
 
 
 def written_in_shares(step: _Step) -> _Step:
-    """Marks `step`, a `train_step` or `test_step` of one's own, as written
+    """Declares `step`, a `train_step` or `test_step` of one's own, written
     in replica shares: on each replica it runs as written on the replica's
     part of the batch, and the replicas' gradients are summed as they are.
 
-    A step that names none of the replica arithmetic (`global_mean`,
-    `num_replicas`, `tf.nn.compute_average_loss`, ...) is otherwise read as
-    one device's code: each replica's gradients are weighed by its part of
-    the global batch, which makes a mean over examples one device's mean.
-    A loss that is a sum over examples (a per-example loss vector, whose
-    gradient `tape.gradient` sums, or `tf.reduce_sum` of per-example
-    losses) is one device's sum in shares instead: the replicas' sums add
-    up to the global batch's.
+    Without it a step of one's own is read as one device's code: each
+    replica's gradients are weighed by its part of the global batch, which
+    makes a mean over examples one device's mean. A step that computes its
+    replica's share itself (gathered rows and `1 / num_replicas()` of their
+    loss, `tf.nn.compute_average_loss`, a loss that is a sum over examples,
+    whose replicas' sums add up to the global batch's) is written in shares.
+    The declaration takes effect when the decorated function runs, however
+    it is reached (a decorator of one's own around it, a helper the step
+    calls first, a `functools.partial`), before the step computes any
+    loss. Replica arithmetic (`all_gather`, `all_reduce_sum`, `row_offset`,
+    `tf.nn.compute_average_loss`, a replica context's `all_reduce`) in a
+    step not so declared is refused at its first trace.
 
     Args:
         step: The step method (a `tf.function` too).
 
     Returns:
-        `step`, marked.
+        `step`, declared.
+
+    Raises:
+        ValueError: when the declared function runs after the step computed
+            a loss as one device's code, or inside a `compute_loss`.
 
     Example:
 
@@ -382,7 +401,12 @@ def written_in_shares(step: _Step) -> _Step:
     history = model.fit(x, y, batch_size=64, epochs=1)
     ```
     """
-    for function in (step, getattr(step, "python_function", None)):
-        if function is not None:
-            setattr(function, IN_SHARES_MARK, True)
-    return step
+    declared = getattr(step, "__qualname__", None) or repr(step)
+
+    @functools.wraps(step)
+    def in_shares(*args: Any, **kwargs: Any) -> Any:
+        declare_in_shares(declared)
+        return step(*args, **kwargs)
+
+    setattr(in_shares, IN_SHARES_MARK, True)
+    return in_shares  # type: ignore[return-value]

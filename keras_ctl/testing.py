@@ -25,7 +25,7 @@ import numpy as np
 
 from keras_ctl._own_code import batch_statistics_in
 from keras_ctl._own_code import is_users_own
-from keras_ctl._own_code import replica_arithmetic_named
+from keras_ctl._own_code import marked_in_shares
 
 __all__ = ["assert_replica_invariant", "known_to_differ"]
 
@@ -314,13 +314,8 @@ def _own(model: keras.Model, method: str, batch: Any) -> str:
     if method == "compute_loss":
         measured = _measured_loss(model, batch) if batch is not None else None
         return measured or _OWN_LOSS
-    named = replica_arithmetic_named(model, method)
-    if named:
-        shown = ", ".join(f"`{name}`" for name in named)
-        return (
-            f"a step of your own written in replica shares (it names {shown}), "
-            + _SHARES
-        )
+    if marked_in_shares(model, method):
+        return "a step of your own declared `written_in_shares`, " + _SHARES
     return _OWN_STEP + _statistics_named(model, method)
 
 
@@ -359,7 +354,7 @@ _SHARES = (
     "`keras_ctl.ReplicaSum`/`ExampleMean` or Keras metrics. A loss coupling "
     "the batch's examples (in-batch negatives, a batch statistic) sees the "
     "replica's only: gather them with `keras_ctl.all_gather`. Without the "
-    "replica arithmetic, the step is read as one device's code."
+    "declaration, the step is read as one device's code."
 )
 
 _OWN_LOSS = (

@@ -30,7 +30,7 @@ from keras_ctl._engine.replica_step import StepParts
 from keras_ctl._engine.step_function import StepFunction
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_own
-from keras_ctl._own_code import reads_as_one_device
+from keras_ctl._own_code import marked_in_shares
 
 
 def optimizers_built_first(model: Any) -> bool:
@@ -145,12 +145,20 @@ def _step_function(
         optimizers=[o for o, _ in optimizers if o is not None],
         metrics=lambda: model.metrics,
         builds_on_first_use=lambda: _builds_state_on_first_use(model),
-        reads_as_one_device=reads_as_one_device(
+        reads_as_one_device=_reads_as_one_device(
             model, "train_step" if training else "test_step"
         ),
         random_as_one_device=training and engine.draws_as_one_device,
     )
     return compiled_pass, StepFunction(parts, step, plan, training=training)
+
+
+def _reads_as_one_device(model: Any, method: str) -> bool:
+    """Whether the model's step is the user's own, read as one device's
+    code until it declares itself in shares as it runs
+    (`_own_code.declare_in_shares`); a step that is the function
+    `written_in_shares` returned runs in shares from its first line."""
+    return is_users_own(model, method) and not marked_in_shares(model, method)
 
 
 def _check_random_draws_with_xla(model: Any) -> None:

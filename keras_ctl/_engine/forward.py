@@ -43,6 +43,7 @@ from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._own_code import is_keras_ctls
+from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import Gradient
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
@@ -165,7 +166,8 @@ def own_compute_loss(
     rows = (
         _keras.rows_of_global_batch() if over_global_batch else contextlib.nullcontext()
     )
-    with read_as_batch_losses(fraction), rows:
+    owner = f"{type(model).__name__}.compute_loss"
+    with read_as_batch_losses(fraction, owner), rows, watching_replica_arithmetic():
         loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
     # tracker takes it.

@@ -1,13 +1,13 @@
 """A step of the user's own, read as one device's code on each replica's
-part of the batch (a step that names replica arithmetic, such as
-`keras_ctl.global_mean` or `tf.nn.compute_average_loss`, is written in
-shares and runs as written: `_own_code.reads_as_one_device`).
+part of the batch, unless it declares itself written in shares as it runs
+(`keras_ctl.written_in_shares`; `_own_code`).
 
     fraction = this replica's examples / the global batch's   # one collective
-    within read_as_batch_losses(fraction):
+    within read_as_batch_losses(fraction), watching replica arithmetic:
         outputs = the user's step(this replica's part)
-    the gradients it applies are weighed by fraction where they are summed
-    its untyped logs are weighed by fraction where they are reduced
+    unless the step declared itself in shares:
+        the gradients it applies are weighed by fraction where they are summed
+        its untyped logs are weighed by fraction where they are reduced
 
 A mean over the replica's examples (`tf.reduce_mean`, `ops.mean`, a masked
 `sum / count`) becomes the global batch's mean, a term that does not depend
@@ -28,6 +28,7 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
+from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
@@ -45,10 +46,11 @@ def run_as_one_device(step: Callable[[Any], Any], data: Any) -> Any:
     fraction = fraction_of_global_batch(data)
     if fraction is None:
         return step(data)
-    with read_as_batch_losses(fraction, gradients_weighed=True):
-        with variables_made_eagerly():
+    owner = getattr(step, "__qualname__", None) or "the train_step"
+    with read_as_batch_losses(fraction, owner, kind="step") as reading:
+        with variables_made_eagerly(), watching_replica_arithmetic():
             outputs = step(data)
-    if isinstance(outputs, dict):
+    if isinstance(outputs, dict) and not (reading and reading.in_shares):
         outputs = {**outputs, FRACTION_LOG: fraction}
     return outputs
 

@@ -199,8 +199,9 @@ def _random_rows_as_one_device(data: Any, as_one_device: bool) -> Iterator[None]
     if not as_one_device:
         yield
         return
-    rows = tf.shape([t for t in tree.flatten(data) if t is not None][0])[0]
-    with _keras.draw_rows_as_one_device(*rows_and_offset(rows)):
+    first = [t for t in tree.flatten(data) if t is not None][0]
+    rows, offset = rows_and_offset(tf.shape(first)[0])
+    with _keras.draw_rows_as_one_device(rows, offset, first.shape[0]):
         yield
 
 

@@ -70,16 +70,18 @@ def per_replica_generators(original):
 
 
 @contextlib.contextmanager
-def draw_rows_as_one_device(rows, offset):
+def draw_rows_as_one_device(rows, offset, static_rows=None):
     """Within it (this replica step's thread), a Keras random draw whose
     first dimension is this replica's `rows` draws the numbers one device
     draws for those examples: the global batch's first `offset + rows` rows
     with the step's seed (the same on every replica), of which it keeps its
     own, the last `rows` (`offset`: the examples of the replicas before
     this one). Other draws (one per batch) are one device's already: every
-    replica uses the seed one device uses."""
+    replica uses the seed one device uses. `static_rows` is the replica's
+    number of rows where the step knows it before it runs (every batch
+    splits evenly), else `None`."""
     previous = getattr(_in_step, "random_rows", None)
-    _in_step.random_rows = (rows, offset)
+    _in_step.random_rows = (rows, offset, static_rows)
     try:
         yield
     finally:
@@ -91,13 +93,18 @@ def _rows_before(first):
     `first`, in a step drawing as one device: this replica's offset when
     `first` is its rows, else 0.
 
-    A first dimension written as a number (`keras.random.uniform((1,))`)
-    while the batch's size is known only when the step runs is one draw for
-    the batch, even on a replica holding that many examples."""
-    rows, offset = _in_step.random_rows
-    static_first, static_rows = _static(first), tf.get_static_value(rows)
-    if static_first is not None and static_first != static_rows:
-        return tf.zeros_like(offset)
+    Decided by the value, the same for static and dynamic batches: a first
+    dimension equal to the replica's rows is a draw for its examples
+    (`ops.shape(x)` gives a number when the batch's size is static, a
+    tensor when it is not). A number while the batch's size is known only
+    when the step runs cannot be the batch's size: it is one draw for the
+    batch (`keras.random.uniform((1,))`), even on a replica holding that
+    many examples. The one reading that cannot be checked: a number equal
+    to a static batch size is taken for the batch."""
+    rows, offset, static_rows = _in_step.random_rows
+    static_first = _static(first)
+    if static_first is not None:
+        return offset if static_first == static_rows else tf.zeros_like(offset)
     return tf.where(tf.equal(tf.cast(first, rows.dtype), rows), offset, 0)
 
 

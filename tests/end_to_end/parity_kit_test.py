@@ -39,6 +39,7 @@ class LocalMean(keras_ctl.CTLModel):
     """The tutorial's mistake, in replica shares: each replica's mean over
     its own examples, over the replica count."""
 
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
@@ -89,7 +90,7 @@ def test_a_local_mean_fails_with_a_table():
     assert float(row.rstrip(" |").rsplit("|", 1)[1]) > 1e-5
     # What is known to differ, and what to do.
     assert "- LocalMean.train_step: a step of your own written in replica" in message
-    assert "(it names `ReplicaSum`, `num_replicas`)" in message
+    assert "declared `written_in_shares`" in message
     assert "keras_ctl.global_mean" in message
 
 

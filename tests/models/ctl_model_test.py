@@ -178,6 +178,7 @@ def test_keras_io_train_step_is_exact_under_mirrored():
 class BuildingBlocksStep(keras_ctl.CTLModel):
     """A custom step made of the public building blocks."""
 
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
@@ -538,6 +539,7 @@ def test_fit_opens_one_iterator_per_epoch_under_a_strategy():
 class ReadmeStep(keras_ctl.CTLModel):
     """The building-blocks step of docs/guides/custom-step.md."""
 
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:

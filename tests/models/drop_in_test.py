@@ -209,6 +209,7 @@ def _triplet_model(base):
         def call(self, triplet):
             return [self.embed(part) for part in triplet]
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             with tf.GradientTape() as tape:
                 anchor, positive, negative = self(data)

@@ -39,6 +39,7 @@ class OneDeviceComputeLoss(keras.Model):
 
 
 class GatheredTrainStep(keras_ctl.CTLModel):
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape() as tape:
@@ -253,6 +254,7 @@ def queued(base):
                 shape=(QUEUE, 3), initializer="zeros", trainable=False, name="queue"
             )
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             x, _ = data
             with tf.GradientTape() as tape:

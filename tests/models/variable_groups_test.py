@@ -31,6 +31,7 @@ def trunk_and_head(model_class):
 class TwoOptimizers(keras_ctl.CTLModel):
     """Reference: the trunk and the head updated by two separate optimizers."""
 
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         with tf.GradientTape(persistent=True) as tape:

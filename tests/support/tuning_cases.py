@@ -18,6 +18,7 @@ def classifier_data(n=120):
 class RegularizedStep(keras_ctl.CTLModel):
     """A custom step whose L2 weight comes from the trial's hyperparameters."""
 
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         reg = self.hyperparameters["reg"]

@@ -67,17 +67,18 @@ def test_a_plain_keras_model_and_a_step_of_ones_own_are_named():
 
 
 class SharesStep(keras_ctl.CTLModel):
+    @keras_ctl.written_in_shares
     def train_step(self, data):
         x, y = data
         return {"loss": keras_ctl.ReplicaSum(keras_ctl.global_mean(y - self(x)))}
 
 
-def test_a_step_in_replica_shares_is_named_with_what_it_names():
+def test_a_step_declared_in_replica_shares_is_named_so():
     inputs = keras.Input((4,))
     own = known_to_differ(SharesStep(inputs, keras.layers.Dense(2)(inputs)))
     assert [where for where, _ in own] == ["SharesStep.train_step"]
-    assert "in replica shares (it names `ReplicaSum`, `global_mean`)" in own[0][1]
-    assert "read as one device's code" in own[0][1]
+    assert "declared `written_in_shares`" in own[0][1]
+    assert "Without the declaration, the step is read as one device's" in own[0][1]
 
 
 class SumOfLosses(keras_ctl.CTLModel):

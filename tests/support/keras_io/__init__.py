@@ -115,7 +115,7 @@ AS_WRITTEN = (
 # batch). As written, GAN-ADA's augmentation probability, a variable, is
 # set from a mean over the replica's examples: NaN on a replica without
 # examples, and each replica keeps its own copy (`aug_p` logs NaN).
-# As written, AdaMatch's step names the replica arithmetic (its parity mode
+# As written, AdaMatch's step is declared written in shares (its parity mode
 # divides by the replica count), so its logged losses are a replica's local
 # means: NaN for a replica without examples (docs/good-to-know.md, "A step
 # of one's own is read as one device's code").

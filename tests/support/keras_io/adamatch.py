@@ -54,6 +54,7 @@ def model_class(base, parity):
             ramp = tf.minimum(step / (self.total_steps / 2), 1.0)
             return tf.cast(ramp, keras.config.floatx())
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             if parity:  # changed: the augmentations drawn with the data
                 (source_weak, source_strong, source_y, mix), target_views = data

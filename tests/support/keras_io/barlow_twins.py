@@ -62,6 +62,7 @@ def model_class(base, global_batch):
         def call(self, images):
             return self.encoder(images)
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             view_a, view_b = data
             with tf.GradientTape() as tape:

@@ -30,11 +30,10 @@ rates to 0.0, and makes both ratios the global batch's: the loss with a
 Keras `Loss` of `reduction="mean_with_sample_weight"` and the mask as
 sample weights (Keras's own masked mean, which keras_ctl divides by the
 global batch's count), the accuracy with the correct and counted tokens
-summed across replicas (`keras_ctl.all_reduce_sum`). These two methods
-name replica arithmetic, so in parity mode the step is read as written in
-shares (the global loss's gradient is this replica's share; every replica
-logs the global values); as written it names none and is read as one
-device's code.
+summed across replicas (`keras_ctl.all_reduce_sum`). So in parity mode
+the steps are declared `keras_ctl.written_in_shares` (the global loss's
+gradient is this replica's share; every replica logs the global values);
+as written they are read as one device's code.
 
 Not one device's in parity mode (float64, 2 replicas: 2.3e-4), from
 keras_ctl, not the example: `PositionalEmbedding` looks its position
@@ -369,6 +368,10 @@ def model_class(base, parity):
                 "loss": self.loss_tracker.result(),
                 "acc": self.acc_tracker.result(),
             }
+
+        if parity:  # changed: written in shares (the accuracy summed across replicas)
+            train_step = keras_ctl.written_in_shares(train_step)
+            test_step = keras_ctl.written_in_shares(test_step)
 
         @property
         def metrics(self):

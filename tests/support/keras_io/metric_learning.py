@@ -21,8 +21,8 @@ only, so under R replicas the loss is not one device's. Parity mode (the
 example draws nothing at random) makes the change of the docs' global-batch
 guide: the positives go through `keras_ctl.all_gather`, and each anchor's
 label is its row in the global batch (`keras_ctl.row_offset`); the step's
-`self.compute_loss` then gives one device's loss. The step names
-`keras_ctl.all_gather`, so in both modes it is read in replica shares.
+`self.compute_loss` then gives one device's loss. The step is declared
+`keras_ctl.written_in_shares`, so in both modes it runs in replica shares.
 The Keras 3 text is the keras.io page's (the stored repository holds the
 Keras 2 source only).
 """
@@ -43,6 +43,7 @@ num_classes = 10
 
 def model_class(base, parity):
     class EmbeddingModel(base):
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             # Note: Workaround for open issue, to be removed.
             if isinstance(data, tuple):

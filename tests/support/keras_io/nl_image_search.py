@@ -190,6 +190,7 @@ def model_class(base, parity):
             # Return the mean of the loss over the batch.
             return (captions_loss + images_loss) / 2
 
+        @keras_ctl.written_in_shares
         def train_step_tf(self, features):
             with tf.GradientTape() as tape:
                 # Forward pass
@@ -215,6 +216,9 @@ def model_class(base, parity):
             loss = self.compute_loss(caption_embeddings, image_embeddings)
             self.loss_tracker.update_state(loss)
             return {"loss": self.loss_tracker.result()}
+
+        if parity:  # changed: the gathered rows' loss is each replica's whole
+            test_step = keras_ctl.written_in_shares(test_step)
 
     return DualEncoder
 

@@ -265,6 +265,7 @@ def model_class(base, parity):
             )
             return loss
 
+        @keras_ctl.written_in_shares
         def train_step(self, data):
             if parity:  # changed: the views drawn with the data
                 (unlabeled_1, unlabeled_2), (labeled_1, labeled_2, probed, labels) = (

@@ -182,6 +182,7 @@ def model_class(base, parity, data_preprocessing, data_augmentation, draws=None)
             # Apply projection head.
             return self.projector(features)
 
+        @keras_ctl.written_in_shares
         def train_step(self, inputs):
             if parity:  # changed: the views drawn with the data
                 inputs, view_1, view_2 = inputs
@@ -217,6 +218,9 @@ def model_class(base, parity, data_preprocessing, data_augmentation, draws=None)
             loss = self.compute_contrastive_loss(feature_vectors, batch_size)
             self.loss_tracker.update_state(loss)
             return {"loss": self.loss_tracker.result()}
+
+        if parity:  # changed: the gathered rows' loss is each replica's whole
+            test_step = keras_ctl.written_in_shares(test_step)
 
     return RepresentationLearner
 

@@ -14,7 +14,7 @@ pretrained ResNet50, none of it frozen; 8-wide dense layers in place of
 512 and 256); the train data is 17 triplets of images in [0, 1] (what the
 published pipeline gives `resnet.preprocess_input`), the validation data
 the first 9. The example draws nothing at random. Read as one device's code (the
-step names no replica arithmetic), each replica's gradient is weighed by
+step is not declared in shares), each replica's gradient is weighed by
 its part of the global batch, which is right for a mean and not for this
 sum: on 2 replicas in float64 the weights differ from one device's by
 9.1e-7. Parity mode runs the published step marked

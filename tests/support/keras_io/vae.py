@@ -2,7 +2,7 @@
 its own, and a `train_step` whose losses are `tf.reduce_mean`s over the
 replica's examples.
 
-A step of one's own that names no replica arithmetic is read as one
+A step of one's own not declared in shares is read as one
 device's code (docs/good-to-know.md, "A step of one's own is read as one
 device's code"): its local means become the global batch's, so the
 example equals one device with no change but its randomness. Changed:

@@ -4,7 +4,7 @@ and codebook losses (`tf.reduce_mean`s) with `add_loss`; the trainer's
 `train_step` adds `sum(self.vqvae.losses)` to a `tf.reduce_mean`
 reconstruction loss and tracks three losses.
 
-Its step has no random draws and names no replica arithmetic, so it is
+Its step has no random draws and is not declared in shares, so it is
 read as one device's code; it logs `sum(self.vqvae.losses)` read after
 `apply_gradients`, and the layer losses a model or layer gives in a step
 are its replica's. Run as written. Changed: sizes

@@ -4,7 +4,7 @@ trackers, and whose `train_step` and `test_step` compute four
 zero-reference losses of their own (`tf.reduce_mean`s and a sum divided by
 the replica's batch size) on the enhanced images.
 
-Its steps have no random draws and name no replica arithmetic, so they are
+Its steps have no random draws and are not declared in shares, so they are
 read as one device's code and equal one device as written. The example's
 Keras 3 version (trackers made in `compile()`, `metrics` listing them).
 Changed: sizes (16x16 images, the smallest the exposure loss's 16x16
