@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from keras_ctl._replicas import current_reading
 
+
 def is_users_own(owner: Any, method: str) -> bool:
     """Whether `owner.method` (`"train_step"`, `"test_step"`,
     `"compute_loss"`; `owner` a model or its class) is the user's: defined
@@ -218,7 +219,9 @@ class StepReadingError(ValueError):
 # keras_ctl's replica arithmetic that is one device's code in a
 # `compute_loss` of one's own: the loss of gathered rows, which the step
 # weighs by each replica's part (parts that add up to one).
-_ONE_DEVICES_IN_COMPUTE_LOSS = frozenset({"keras_ctl.all_gather", "keras_ctl.row_offset"})
+_ONE_DEVICES_IN_COMPUTE_LOSS = frozenset(
+    {"keras_ctl.all_gather", "keras_ctl.row_offset"}
+)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -236,7 +239,7 @@ def replica_arithmetic(name: str) -> Callable[[_F], _F]:
             return function(*args, **kwargs)
 
         # AutoGraph leaves it as written, so the frame above it is its caller.
-        return tf.autograph.experimental.do_not_convert(called)  # type: ignore[no-any-return]
+        return tf.autograph.experimental.do_not_convert(called)
 
     return decorate
 
@@ -275,8 +278,10 @@ def _check_called(name: str, caller: types.FrameType | None) -> None:
         return
     if reading.kind == "compute_loss" and name in _ONE_DEVICES_IN_COMPUTE_LOSS:
         return
-    where = "" if caller is None else (
-        f" (at {caller.f_code.co_filename}:{caller.f_lineno})"
+    where = (
+        ""
+        if caller is None
+        else (f" (at {caller.f_code.co_filename}:{caller.f_lineno})")
     )
     raise StepReadingError(
         f"{reading.owner} is read as one device's code, but it calls "
@@ -336,7 +341,7 @@ def watching_replica_arithmetic() -> Iterator[None]:
     name it is called by: a profile function sees the code that runs. The
     previous profile function is back on every exit."""
     watched = _tensorflows_replica_arithmetic()
-    previous = sys.getprofile()
+    previous: Any = sys.getprofile()
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if previous is not None and callable(previous):
@@ -367,7 +372,11 @@ def _tensorflows_replica_arithmetic() -> dict[types.CodeType, str]:
         classes += cls.__subclasses__()
         for method in ("all_reduce", "all_gather"):
             function = vars(cls).get(method)
-            code = getattr(inspect.unwrap(function), "__code__", None) if function else None
+            code = (
+                getattr(inspect.unwrap(function), "__code__", None)
+                if function
+                else None
+            )
             if code is not None:
                 found[code] = f"tf.distribute.ReplicaContext.{method}"
     return found

@@ -241,7 +241,9 @@ class Reading:
 
 @contextlib.contextmanager
 def read_as_batch_losses(
-    fraction: tf.Tensor | None, owner: str = "code of your own", kind: str = "compute_loss"
+    fraction: tf.Tensor | None,
+    owner: str = "code of your own",
+    kind: str = "compute_loss",
 ) -> Iterator[Reading | None]:
     """Within it (this thread), a loss is read as one device reads it: the
     value of this replica's batch alone, which the step weighs by

@@ -14,7 +14,6 @@ global count into the gradients' all-reduce, one collective a step, which
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
@@ -24,10 +23,10 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl import _replicas
 from keras_ctl._engine import gather
 from keras_ctl._engine import update
 from keras_ctl._engine.loss import regularization_total
-from keras_ctl import _replicas
 from keras_ctl._own_code import IN_SHARES_MARK
 from keras_ctl._own_code import declare_in_shares
 from keras_ctl._own_code import replica_arithmetic

@@ -38,7 +38,9 @@ def trained(model_class, strategy):
 
 
 def assert_one_devices(model_of, skip=()):
-    expected_weights, expected_logs = trained(model_of(keras.Model), tf.distribute.get_strategy())
+    expected_weights, expected_logs = trained(
+        model_of(keras.Model), tf.distribute.get_strategy()
+    )
     weights, logs = trained(model_of(keras_ctl.CTLModel), devices.get("mirrored"))
     for found, expected in zip(weights, expected_weights, strict=True):
         np.testing.assert_allclose(found, expected, atol=1e-12, rtol=0)
@@ -47,6 +49,7 @@ def assert_one_devices(model_of, skip=()):
     return logs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spelling", recipe_spellings.DECLARED)
 def test_the_declared_recipe_equals_one_device_in_every_spelling(spelling):
     assert_one_devices(lambda base: recipe_spellings.model_class(spelling, base))
@@ -90,17 +93,23 @@ class TutorialLoss(keras_ctl.CTLModel):
         x, y = data
         average = tf.nn.compute_average_loss
         with tf.GradientTape() as tape:
-            per_example = keras.ops.mean(keras.ops.square(self(x, training=True) - y), -1)
+            per_example = keras.ops.mean(
+                keras.ops.square(self(x, training=True) - y), -1
+            )
             loss = average(per_example, global_batch_size=BATCH)
-        self.optimizer.apply(tape.gradient(loss, self.trainable_weights),
-                             self.trainable_weights)
+        self.optimizer.apply(
+            tape.gradient(loss, self.trainable_weights), self.trainable_weights
+        )
         return {"loss": loss}
 
 
 def test_tensorflows_replica_arithmetic_is_seen_under_any_name():
     with pytest.raises(ValueError, match="`tf.nn.compute_average_loss`"):
         trained(TutorialLoss, devices.get("mirrored"))
-    declared = type("Declared", (TutorialLoss,), {
-        "train_step": keras_ctl.written_in_shares(TutorialLoss.train_step)})
+    declared = type(
+        "Declared",
+        (TutorialLoss,),
+        {"train_step": keras_ctl.written_in_shares(TutorialLoss.train_step)},
+    )
     weights, _ = trained(declared, devices.get("mirrored"))
     assert np.all(np.isfinite(weights[0]))

@@ -46,8 +46,9 @@ def _inline(base, declared):
             )
             # Every replica computes the whole loss; gradients are summed.
             share = loss / keras_ctl.num_replicas()
-        self.optimizer.apply(tape.gradient(share, self.trainable_weights),
-                             self.trainable_weights)
+        self.optimizer.apply(
+            tape.gradient(share, self.trainable_weights), self.trainable_weights
+        )
         self.tracker.update_state(loss)
         return {"loss": self.tracker.result()}
 
@@ -83,9 +84,16 @@ def model_class(spelling, base, declared=True):
     elif spelling == "mixin_on_self":
         return type("Mixed", (_Tracked, recipe_helpers.RecipeMixin, base), {})
     elif spelling == "library_base":
-        library = recipe_helpers.LibraryModel if base is not keras.Model else (
-            type("LibraryModel", (keras.Model,),
-                 {"train_step": recipe_helpers.LibraryModel.train_step})
+        library = (
+            recipe_helpers.LibraryModel
+            if base is not keras.Model
+            else (
+                type(
+                    "LibraryModel",
+                    (keras.Model,),
+                    {"train_step": recipe_helpers.LibraryModel.train_step},
+                )
+            )
         )
         return type("FromLibrary", (_Tracked, library), {})
     elif spelling == "instance":
@@ -113,8 +121,9 @@ def logs_replica_count(base):
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)
                 loss = keras.ops.mean(keras.ops.square(y_pred - y))
-            self.optimizer.apply(tape.gradient(loss, self.trainable_weights),
-                                 self.trainable_weights)
+            self.optimizer.apply(
+                tape.gradient(loss, self.trainable_weights), self.trainable_weights
+            )
             self.tracker.update_state(loss)
             return {"loss": self.tracker.result(), "replicas": replicas}
 
