@@ -38,16 +38,18 @@ from keras_ctl._replicas import read_as_batch_losses
 FRACTION_LOG = "_keras_ctl_batch_fraction"
 
 
-def run_as_one_device(step: Callable[[Any], Any], data: Any) -> Any:
+def run_as_one_device(
+    step: Callable[[Any], Any], data: Any, step_name: str = "the step"
+) -> Any:
     """`step(data)` on this replica, read as one device's code; a dict of
-    logs gains the replica's fraction under `FRACTION_LOG`."""
+    logs gains the replica's fraction under `FRACTION_LOG`. `step_name`
+    names it in messages."""
     if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
         return step(data)
     fraction = fraction_of_global_batch(data)
     if fraction is None:
         return step(data)
-    owner = getattr(step, "__qualname__", None) or "the train_step"
-    with read_as_batch_losses(fraction, owner, kind="step") as reading:
+    with read_as_batch_losses(fraction, step_name, kind="step") as reading:
         with variables_made_eagerly(), watching_replica_arithmetic():
             outputs = step(data)
     if isinstance(outputs, dict) and not (reading and reading.in_shares):

@@ -50,6 +50,7 @@ class StepParts(NamedTuple):
             use), so it must run eagerly under several replicas.
         reads_as_one_device: Whether the step is the user's own, read as
             one device's code (`own_step`).
+        step_name: The step as messages name it (`"MyModel.train_step"`).
         random_as_one_device: Whether Keras's random draws of a batch's
             rows draw one device's numbers for them
             (`compile(random_draws="as_one_device")`).
@@ -62,6 +63,7 @@ class StepParts(NamedTuple):
     builds_on_first_use: Callable[[], bool]
     reads_as_one_device: bool = False
     random_as_one_device: bool = False
+    step_name: str = "the step"
 
 
 @dataclasses.dataclass
@@ -158,7 +160,9 @@ class ReplicaStep:
         ):
             with _keras.results_noted(self.parts.metrics()) as noted:
                 if self.parts.reads_as_one_device:
-                    outputs = own_step.run_as_one_device(self.step, data)
+                    outputs = own_step.run_as_one_device(
+                        self.step, data, self.parts.step_name
+                    )
                 else:
                     outputs = self.step(data)
             trace.results.update(_keras.metric_results_among(outputs, noted))

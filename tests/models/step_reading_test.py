@@ -61,6 +61,7 @@ def test_the_undeclared_recipe_is_refused_by_name_in_every_spelling(spelling):
     with pytest.raises(ValueError, match="read as one device's code") as raised:
         trained(model_class, devices.get("mirrored"))
     message = str(raised.value)
+    assert ".train_step is read as one device's code" in message
     assert "`keras_ctl.all_gather`" in message
     assert "recipe_" in message  # the file of the call
     assert "@keras_ctl.written_in_shares" in message
