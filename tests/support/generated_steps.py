@@ -440,14 +440,7 @@ def main(argv):
     first, last = (int(part) for part in args.seeds.split(":"))
     largest = 0.0
     for seed in range(first, last):
-        failure = {}
-        try:
-            difference = check(seed, strategy)
-        except Exception as error:  # a failing seed, reported like the others
-            difference, failure = (
-                math.inf,
-                {"error": f"{type(error).__name__}: {error}"[:600]},
-            )
+        difference, failure = _checked(seed, strategy)
         largest = max(largest, difference)
         if not difference <= TOLERANCE:
             line = {"seed": seed, "difference": difference, **failure, **draw(seed)}
