@@ -6,12 +6,14 @@ The reading of a step of one's own is decided from what runs, never from
 how it is spelled. It is one device's code (`_replicas.Reading`) unless
 `keras_ctl.written_in_shares` runs as part of it before any loss is read
 as one device's (`declare_in_shares`). Replica arithmetic called from the
-user's code (`keras_ctl.all_gather`, `tf.nn.compute_average_loss`, a
-replica context's `all_reduce`, ...), whatever module, alias, decorator or
-partial it is called through, is seen as it is called (`replica_arithmetic`
-for keras_ctl's, `watching_replica_arithmetic` for TensorFlow's): in code
-read as one device's it is refused by name (`StepReadingError`), because
-the same call means one thing in shares and another in one device's code.
+user's code (`keras_ctl.num_replicas`, `keras_ctl.all_reduce_sum`,
+`tf.nn.compute_average_loss`, a replica context's `all_reduce`, a
+strategy's `num_replicas_in_sync`, ...), whatever module, alias, decorator
+or partial it is called through, is seen as it is called
+(`replica_arithmetic` for keras_ctl's, `watching_replica_arithmetic` for
+TensorFlow's): in code read as one device's it is refused by name
+(`StepReadingError`), because one device has no replicas to count or sum
+over. `keras_ctl.all_gather` is one device's batch in either reading.
 """
 
 import ast
@@ -216,13 +218,6 @@ class StepReadingError(ValueError):
     one device's."""
 
 
-# keras_ctl's replica arithmetic that is one device's code in a
-# `compute_loss` of one's own: the loss of gathered rows, which the step
-# weighs by each replica's part (parts that add up to one).
-_ONE_DEVICES_IN_COMPUTE_LOSS = frozenset(
-    {"keras_ctl.all_gather", "keras_ctl.row_offset"}
-)
-
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -276,8 +271,6 @@ def _check_called(name: str, caller: types.FrameType | None) -> None:
     reading = current_reading()
     if reading is None or reading.in_shares or not _is_users_frame(caller):
         return
-    if reading.kind == "compute_loss" and name in _ONE_DEVICES_IN_COMPUTE_LOSS:
-        return
     where = (
         ""
         if caller is None
@@ -285,41 +278,51 @@ def _check_called(name: str, caller: types.FrameType | None) -> None:
     )
     raise StepReadingError(
         f"{reading.owner} is read as one device's code, but it calls "
-        f"`{name}`{where}, replica arithmetic: its meaning depends on whether "
-        "the code computes this replica's share or one device's loss, which "
-        "keras_ctl cannot tell from the code. "
+        f"`{name}`{where}, replica arithmetic: one device has no replicas to "
+        "count or sum over, and keras_ctl cannot tell from the code whether "
+        "it computes this replica's share of the loss or only logs. "
         + (_FIX_IN_COMPUTE_LOSS if reading.kind == "compute_loss" else _FIX_IN_STEP)
     )
 
 
+_KEEP_ONE_DEVICES = (
+    "gather rows with `keras_ctl.all_gather` for a loss or a statistic of "
+    "the whole batch (one device's batch, in any step), return "
+    "`keras_ctl.ReplicaSum(value)` to log a sum over replicas, and read "
+    "`keras_ctl.num_replicas()` outside the step (in `__init__` or "
+    "`compile`: `self.replicas = keras_ctl.num_replicas()`) to log it."
+)
+
 _FIX_IN_STEP = (
     "If the step computes each replica's share itself (the global-batch "
-    "guide's recipe: gathered rows and 1 / keras_ctl.num_replicas() of their "
-    "loss, or tf.nn.compute_average_loss), decorate it with "
-    "`@keras_ctl.written_in_shares`. If it is one device's code over the "
-    "whole batch, compute that loss in a `compute_loss` of your own (where "
-    "`keras_ctl.all_gather` is one device's code) or pass "
-    '`compile(compute_loss_over="global_batch")`. To log a sum over '
-    "replicas, return `keras_ctl.ReplicaSum(value)` instead."
+    "guide's recipe: a loss of gathered rows and 1 / keras_ctl.num_replicas() "
+    "of it, or tf.nn.compute_average_loss), decorate it with "
+    "`@keras_ctl.written_in_shares`. To keep it one device's code, " + _KEEP_ONE_DEVICES
 )
 
 _FIX_IN_COMPUTE_LOSS = (
     "A `compute_loss` of one's own is one device's code (the step weighs its "
-    "loss by the replica's part of the batch): gather rows with "
-    "`keras_ctl.all_gather` (its loss is then one device's), or pass "
-    '`compile(compute_loss_over="global_batch")`, and return one device\'s '
-    "loss without dividing it by the replica count."
+    "loss by the replica's part of the batch): return one device's loss. To "
+    "keep it so, " + _KEEP_ONE_DEVICES
 )
 
 _LIBRARIES = ("keras", "keras_ctl", "tensorflow")
 
 
+# TensorFlow's frames between a call and its caller: AutoGraph's
+# `converted_call`, dispatch, traceback and decorator wrappers. Any other
+# frame of TensorFlow's (a gradient function, a variable's update) is
+# TensorFlow's own call.
+_WRAPPERS = ("tensorflow.python.autograph.", "tensorflow.python.util.")
+
+
 def _caller(frame: types.FrameType | None) -> types.FrameType | None:
     """The frame that called the function running in `frame`, past
-    TensorFlow's own frames (AutoGraph's `converted_call`, dispatch and
-    decorator wrappers)."""
+    TensorFlow's wrappers (`_WRAPPERS`)."""
     frame = frame.f_back if frame is not None else None
-    while frame is not None and _package(frame) == "tensorflow":
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(
+        _WRAPPERS
+    ):
         frame = frame.f_back
     return frame
 
@@ -349,7 +352,10 @@ def watching_replica_arithmetic() -> Iterator[None]:
         if event == "call":
             name = watched.get(frame.f_code)
             if name is not None:
-                _check_called(name, _caller(frame))
+                # A property is read by its reader's own frame (TensorFlow's
+                # code that reads it, from a variable's assign, is its own).
+                reader = frame.f_back if name.endswith("_in_sync") else _caller(frame)
+                _check_called(name, reader)
 
     sys.setprofile(profile)
     try:
@@ -360,23 +366,44 @@ def watching_replica_arithmetic() -> Iterator[None]:
 
 def _tensorflows_replica_arithmetic() -> dict[types.CodeType, str]:
     """`{code: name}` of TensorFlow's replica arithmetic: the two loss
-    scalings of `tf.nn` and the collectives of every replica context class
-    loaded (strategies define their own)."""
+    scalings of `tf.nn`, the collectives of every replica context class
+    loaded (strategies define their own), and the replica count of
+    strategies and replica contexts."""
     found = {}
     for name in ("compute_average_loss", "scale_regularization_loss"):
         function = inspect.unwrap(getattr(tf.nn, name))
         found[function.__code__] = f"tf.nn.{name}"
-    classes = [tf.distribute.ReplicaContext]
-    while classes:
-        cls = classes.pop()
-        classes += cls.__subclasses__()
-        for method in ("all_reduce", "all_gather"):
-            function = vars(cls).get(method)
-            code = (
-                getattr(inspect.unwrap(function), "__code__", None)
-                if function
-                else None
-            )
-            if code is not None:
-                found[code] = f"tf.distribute.ReplicaContext.{method}"
+    members = {
+        tf.distribute.ReplicaContext: (
+            "all_reduce",
+            "all_gather",
+            "num_replicas_in_sync",
+        ),
+        tf.distribute.Strategy: ("num_replicas_in_sync",),
+    }
+    for root, names in members.items():
+        for cls in _with_subclasses(root):
+            for member in names:
+                code = _code_of(vars(cls).get(member))
+                if code is not None:
+                    found[code] = f"tf.distribute.{root.__name__}.{member}"
     return found
+
+
+def _with_subclasses(root: type) -> list[type]:
+    """`root`, its bases up to `object` and every subclass loaded."""
+    found, todo = list(root.__mro__[:-1]), [root]
+    while todo:
+        subclasses: list[type] = todo.pop().__subclasses__()
+        found += subclasses
+        todo += subclasses
+    return found
+
+
+def _code_of(member: Any) -> types.CodeType | None:
+    """The code a method or a property's getter runs."""
+    if isinstance(member, property):
+        member = member.fget
+    if member is None:
+        return None
+    return getattr(inspect.unwrap(member), "__code__", None)

@@ -287,9 +287,14 @@ def batch_fraction() -> tf.Tensor | None:
     return reading.fraction
 
 
-def _gradients_weighed() -> bool:
+def gradient_weight() -> tf.Tensor | None:
+    """The fraction a step of one's own read as one device's code weighs
+    this replica's gradients by, after `tape.gradient` (`None` elsewhere: a
+    `compute_loss` of one's own weighs its loss instead)."""
     reading = current_reading()
-    return reading is not None and reading.kind == "step"
+    if reading is None or reading.kind != "step":
+        return None
+    return batch_fraction()
 
 
 def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
@@ -304,8 +309,8 @@ def sum_read_as_one_device(value: tf.Tensor) -> tf.Tensor:
     which the step multiplies back: every replica's loss flows back through
     the sum with the weight it has in one device's loss (a synchronized
     BatchNorm's moments on uneven replicas: 3, 3 and 2 examples)."""
-    fraction = batch_fraction()
-    if fraction is None or not _gradients_weighed():
+    fraction = gradient_weight()
+    if fraction is None:
         return all_reduce_sum(value)
 
     @tf.custom_gradient

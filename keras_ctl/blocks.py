@@ -32,7 +32,6 @@ from keras_ctl._own_code import declare_in_shares
 from keras_ctl._own_code import replica_arithmetic
 from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import global_shares
-from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
 
 # A step method (or `tf.function`), given back marked.
@@ -122,9 +121,9 @@ def global_mean(
 all_reduce_sum = replica_arithmetic("keras_ctl.all_reduce_sum")(
     _replicas.all_reduce_sum
 )
+num_replicas = replica_arithmetic("keras_ctl.num_replicas")(_replicas.num_replicas)
 
 
-@replica_arithmetic("keras_ctl.all_gather")
 def all_gather(values: tf.Tensor) -> tf.Tensor:
     """Returns the rows of every replica's `values`, in global-batch order.
 
@@ -187,7 +186,6 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     return gather.global_batch(values)
 
 
-@replica_arithmetic("keras_ctl.row_offset")
 def row_offset(values: tf.Tensor) -> tf.Tensor:
     """Returns where this replica's rows of `values` start in
     `all_gather(values)`: the number of rows of the replicas before it.
@@ -290,7 +288,7 @@ def scaled_regularization_loss(losses: Sequence[tf.Tensor]) -> tf.Tensor:
         return regularization_total(losses)
     # Gradients are summed across replicas: each replica counts as one of R.
     (share,), _ = global_shares(
-        [regularization_total(losses)], [1.0], global_counts=[num_replicas()]
+        [regularization_total(losses)], [1.0], global_counts=[_replicas.num_replicas()]
     )
     return share
 

@@ -4,9 +4,11 @@ whether the declaration sits on the step, a mixin, a library's base class,
 a module-level function, a user's decorator, a `functools.partialmethod`
 or a lambda set on the instance, and whether the rows are gathered inline,
 in a helper of another module or through an alias import; the same recipe
-undeclared is refused at its first trace, naming the call; a step of one
-device's code that only logs `num_replicas()` trains as one device
-(float64, 2 replicas, the last batch leaving a replica empty)."""
+undeclared is refused at its first trace, naming the call; one device's
+code that gathers rows (a loss of the global batch without `1 / R`, a
+batch statistic in a layer) equals one device; a replica count read in
+the step is refused, one read outside it is logged (float64, 2 replicas,
+the last batch leaving a replica empty)."""
 
 import configurations
 import devices
@@ -62,15 +64,32 @@ def test_the_undeclared_recipe_is_refused_by_name_in_every_spelling(spelling):
         trained(model_class, devices.get("mirrored"))
     message = str(raised.value)
     assert ".train_step is read as one device's code" in message
-    assert "`keras_ctl.all_gather`" in message
+    assert "`keras_ctl.num_replicas`" in message
     assert "recipe_" in message  # the file of the call
     assert "@keras_ctl.written_in_shares" in message
-    assert 'compute_loss_over="global_batch"' in message
+    assert "keras_ctl.all_gather" in message
 
 
-def test_a_logged_replica_count_does_not_change_the_update():
+def test_a_replica_count_read_in_the_step_is_refused_and_one_read_outside_logs():
+    with pytest.raises(ValueError, match="`keras_ctl.num_replicas`") as raised:
+        trained(
+            recipe_spellings.logs_replica_count(keras_ctl.CTLModel, read_in_step=True),
+            devices.get("mirrored"),
+        )
+    assert "self.replicas = keras_ctl.num_replicas()" in str(raised.value)
     logs = assert_one_devices(recipe_spellings.logs_replica_count, skip=("replicas",))
     assert logs["replicas"] == [2, 2]
+
+
+@pytest.mark.parametrize("spelling", ["inline", "alias_import"])
+def test_gathered_rows_in_one_devices_code_equal_one_device(spelling):
+    # No `1 / num_replicas()`, no declaration: the loss of the global batch
+    # as one device computes it, its gradient weighed as one device's.
+    assert_one_devices(lambda base: recipe_spellings.one_devices_gather(base, spelling))
+
+
+def test_a_batch_statistic_gathered_in_a_layer_equals_one_device():
+    assert_one_devices(recipe_spellings.batch_statistic_in_a_layer)
 
 
 class HalfAndHalf(keras_ctl.CTLModel):

@@ -17,8 +17,9 @@ stream (the keys above stay each seed's):
 - `spelling`: where and how the step is written (`SPELLINGS`; the other
   modules are in `spellings/`), the declaration included; in a third of
   the one-device seeds spelled other than inline (`log_replicas`), the
-  step logs `keras_ctl.num_replicas()`, information that must not change
-  the update (its log is left out of the comparison);
+  step logs the replica count read in `__init__` (one device's code may
+  log it; read in the step it is refused), which must not change the
+  update (its log is left out of the comparison);
 - `shapes`: arrays whose last batch leaves replicas uneven (`dynamic`, the
   drawn size and batch), or one example (`empty_replica`: a replica
   without examples), or a `tf.data.Dataset` of whole batches of 6 or 12
@@ -174,6 +175,8 @@ def model_class(base, config):
                 else keras.metrics.MeanAbsoluteError(name="probe")
             )
             self.log_replicas = config["log_replicas"]
+            # Read outside the step: one device's code has no replica count.
+            self.replicas = keras_ctl.num_replicas()
             if hasattr(self, "instance_step"):
                 self.train_step = self.instance_step()
 

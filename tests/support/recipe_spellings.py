@@ -111,20 +111,73 @@ class _OnInstance(_Tracked):
         self.train_step = lambda data: recipe_helpers.declared_recipe_step(self, data)
 
 
-def logs_replica_count(base):
-    """One device's mean loss, whose step also logs `num_replicas()`."""
+def logs_replica_count(base, read_in_step=False):
+    """One device's mean loss, whose step logs `num_replicas()`, read in
+    `__init__` (a number one device's code may log) or in the step."""
 
     class LogsReplicas(_Tracked, base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.replicas = keras_ctl.num_replicas()
+
         def train_step(self, data):
             x, y = data
-            replicas = keras_ctl.num_replicas()
+            replicas = keras_ctl.num_replicas() if read_in_step else self.replicas
             with tf.GradientTape() as tape:
                 y_pred = self(x, training=True)
                 loss = keras.ops.mean(keras.ops.square(y_pred - y))
-            self.optimizer.apply(
-                tape.gradient(loss, self.trainable_weights), self.trainable_weights
-            )
+            variables = self.trainable_weights
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
             self.tracker.update_state(loss)
             return {"loss": self.tracker.result(), "replicas": replicas}
 
     return LogsReplicas
+
+
+def one_devices_gather(base, spelling="inline"):
+    """The recipe without its `1 / num_replicas()`, not declared: one
+    device's code over the gathered (global) batch, inline or through a
+    helper of another module."""
+
+    class Gathers(_Tracked, base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                if spelling == "inline":
+                    loss = recipe_helpers.in_batch_softmax(
+                        keras_ctl.all_gather(self(x, training=True)),
+                        keras_ctl.all_gather(y),
+                    )
+                else:
+                    loss = recipe_helpers.gathered_loss_aliased(self, x, y)
+            variables = self.trainable_weights
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+    return Gathers
+
+
+class BatchScaled(keras.layers.Layer):
+    """Scales its inputs by the whole batch's largest value (MelGAN's
+    spectrogram normalization), gathered in the layer's `call`."""
+
+    def call(self, x):
+        return x / keras.ops.max(keras.ops.abs(keras_ctl.all_gather(x)))
+
+
+def batch_statistic_in_a_layer(base):
+    """One device's step over a model whose layer gathers the batch."""
+
+    class Statistic(_Tracked, base):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(BatchScaled()(x), training=True)
+                loss = keras.ops.mean(keras.ops.square(y_pred - y))
+            variables = self.trainable_weights
+            self.optimizer.apply(tape.gradient(loss, variables), variables)
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+    return Statistic

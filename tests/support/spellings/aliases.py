@@ -12,7 +12,7 @@ from keras_ctl import written_in_shares as in_shares
 def one_device(model, data):
     logs = model.step(data)
     if model.log_replicas:
-        logs = {**logs, "replicas": replica_count()}
+        logs = {**logs, "replicas": model.replicas}
     return logs
 
 

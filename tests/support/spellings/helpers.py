@@ -39,5 +39,5 @@ def with_replicas(model, logs):
     """`logs` with the replica count when the model logs it: information
     only, which must not change how the step is read."""
     if model.log_replicas:
-        return {**logs, "replicas": keras_ctl.num_replicas()}
+        return {**logs, "replicas": model.replicas}
     return logs

@@ -15,7 +15,7 @@ def model_class(base, reading):
                 return helpers.shares_undeclared(self, data)
             logs = self.step(data)
             if self.log_replicas:
-                logs = {**logs, "replicas": keras_ctl.num_replicas()}
+                logs = {**logs, "replicas": self.replicas}
             return logs
 
     if reading != "shares_declared":

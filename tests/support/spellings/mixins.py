@@ -8,7 +8,7 @@ class OneDeviceStep:
     def train_step(self, data):
         logs = self.step(data)
         if self.log_replicas:
-            logs = {**logs, "replicas": keras_ctl.num_replicas()}
+            logs = {**logs, "replicas": self.replicas}
         return logs
 
 
