@@ -137,10 +137,13 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     sums what every replica's loss asks of them.
 
     A loss computed from gathered rows is the whole loss, the same on every
-    replica. Return it as it is from a `compute_loss` of one's own (the
-    step weighs each replica's loss by its part of the global batch, parts
-    that add up to one); in a step of one's own, where gradients are
-    summed, each replica adds `loss / keras_ctl.num_replicas()`. Keras
+    replica: one device's code on the batch one device sees. Return it as
+    it is from a `compute_loss` of one's own, or apply its gradients in a
+    `train_step` of one's own read as one device's code (keras_ctl weighs
+    what each replica's loss asks of every replica's rows by its part of
+    the global batch). In a step declared `written_in_shares`, where
+    gradients are summed as they are, each replica adds
+    `loss / keras_ctl.num_replicas()` instead. Keras
     `Loss` objects with `reduction="sum"` (or `super().compute_loss` with
     them), and embeddings looked up for gathered rows under an Adam-family
     optimizer (whose sparse update squares each replica's copy), train as
