@@ -133,3 +133,16 @@ def test_tensorflows_replica_arithmetic_is_seen_under_any_name():
     )
     weights, _ = trained(declared, devices.get("mirrored"))
     assert np.all(np.isfinite(weights[0]))
+
+
+class ScaledComputeLoss(keras_ctl.CTLModel):
+    """A `compute_loss` of one's own dividing by the replica count."""
+
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        loss = keras.ops.mean(keras.ops.square(y_pred - y))
+        return loss / keras_ctl.num_replicas()
+
+
+def test_a_replica_count_in_a_compute_loss_of_ones_own_is_refused():
+    with pytest.raises(ValueError, match="ScaledComputeLoss.compute_loss is read"):
+        trained(ScaledComputeLoss, devices.get("mirrored"))
