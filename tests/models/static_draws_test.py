@@ -93,7 +93,7 @@ def test_draws_follow_the_examples_on_static_and_dynamic_batches(case, examples)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("examples", [48, 49])
 @pytest.mark.parametrize("layer", sorted(AUGMENTATIONS))
-def test_augmentation_layers_draw_as_one_device_on_static_batches(layer, examples):
-    assert largest_difference(layer, examples) <= 1e-12
+def test_augmentation_layers_draw_as_one_device_on_static_batches(layer):
+    # 48 examples: every batch static; the dynamic case is the one above.
+    assert largest_difference(layer, 48) <= 1e-12
