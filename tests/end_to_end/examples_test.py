@@ -82,7 +82,9 @@ def test_trunk_and_heads_freezes_the_trunk_and_saves_it_alone(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["trunk_change_while_fine_tuning"] == 0.0
     assert report["parity_head_change"] > 1e-3
-    assert report["reloaded_trunk_feature_difference"] == 0.0
+    # float32 round-off: the trunk predicts under the strategy, each replica
+    # on its part of a batch; the reloaded one on one device.
+    assert report["reloaded_trunk_feature_difference"] <= 1e-5
     assert report["class_test_accuracy"] > 0.3
     # Conv 160 + dense 32*36*16+32 from the trunk, plus a new 10-way head.
     assert report["new_model_parameters"] == 160 + 18464 + 330
