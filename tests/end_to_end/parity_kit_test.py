@@ -89,8 +89,10 @@ def test_a_local_mean_fails_with_a_table():
     )
     assert float(row.rstrip(" |").rsplit("|", 1)[1]) > 1e-5
     # What is known to differ, and what to do.
-    assert "- LocalMean.train_step: a step of your own written in replica" in message
-    assert "declared `written_in_shares`" in message
+    assert (
+        "- LocalMean.train_step: a step of your own declared `written_in_shares`"
+        in message
+    )
     assert "keras_ctl.global_mean" in message
 
 
