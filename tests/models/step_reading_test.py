@@ -146,3 +146,15 @@ class ScaledComputeLoss(keras_ctl.CTLModel):
 def test_a_replica_count_in_a_compute_loss_of_ones_own_is_refused():
     with pytest.raises(ValueError, match="ScaledComputeLoss.compute_loss is read"):
         trained(ScaledComputeLoss, devices.get("mirrored"))
+
+
+def test_the_watch_is_gone_after_a_refused_step():
+    import sys
+
+    before = sys.getprofile()
+    with pytest.raises(ValueError, match="read as one device's code"):
+        trained(
+            recipe_spellings.model_class("alias_import", keras_ctl.CTLModel, False),
+            devices.get("mirrored"),
+        )
+    assert sys.getprofile() is before
