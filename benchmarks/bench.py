@@ -388,21 +388,29 @@ def _cell(value, digits):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _rate(value):
+    """Steps/s to 3 significant digits: a slow machine's 0.4 steps/s is not
+    printed as 0."""
+    if value is None or isinstance(value, str):
+        return _cell(value, 0)
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def format_fit_row(row):
     return (
         f"| {row['model']} | {row['replicas']} | {row['spe']} | "
-        f"{'on' if row['xla'] else 'off'} | {_cell(row['ctl'], 0)} | "
-        f"{_cell(row['keras'], 0)} | {_cell(row['loop'], 0)} | "
+        f"{'on' if row['xla'] else 'off'} | {_rate(row['ctl'])} | "
+        f"{_rate(row['keras'])} | {_rate(row['loop'])} | "
         f"{_cell(row['ctl/keras'], 2)} | {_cell(row['ctl/loop'], 2)} |"
     )
 
 
 def format_all_reduce_row(row):
     return (
-        f"| {row['replicas']} | {row['spe']} | {row['exact']:.0f} | "
-        f"{row['fixed']:.0f} | {100 * row['cost']:.1f} % | {row['plain']:.0f} | "
-        f"{row['clipped']:.0f} | {100 * row['clipping_cost']:.1f} % | "
-        f"{row['accumulated']:.0f} | {row['accumulation_ratio']:.2f} |"
+        f"| {row['replicas']} | {row['spe']} | {_rate(row['exact'])} | "
+        f"{_rate(row['fixed'])} | {100 * row['cost']:.1f} % | {_rate(row['plain'])} | "
+        f"{_rate(row['clipped'])} | {100 * row['clipping_cost']:.1f} % | "
+        f"{_rate(row['accumulated'])} | {row['accumulation_ratio']:.2f} |"
     )
 
 
@@ -524,8 +532,9 @@ WORKER_TIMINGS_HEADER = (
 
 def format_worker_timings_row(workers, t):
     return (
-        f"| {workers} | {t['CTLModel.fit, accuracy']:.0f} | {t['CTLModel.fit']:.0f} "
-        f"| {t['hand loop']:.0f} | {t['CTLModel.fit, accuracy / hand loop']:.2f} "
+        f"| {workers} | {_rate(t['CTLModel.fit, accuracy'])} | "
+        f"{_rate(t['CTLModel.fit'])} | {_rate(t['hand loop'])} | "
+        f"{t['CTLModel.fit, accuracy / hand loop']:.2f} "
         f"| {t['CTLModel.fit / hand loop']:.2f} |"
     )
 
@@ -691,7 +700,7 @@ def run(args):
         collective_rows += ["", PARAMETER_SERVERS_HEADER]
         for workers in args.ps_workers:
             rate = measure_parameter_servers(workers, args.rounds, args.steps)
-            row = f"| {workers} | {rate:.0f} |"
+            row = f"| {workers} | {_rate(rate)} |"
             print(row, flush=True)
             collective_rows.append(row)
     measured = Measured(
