@@ -388,9 +388,9 @@ def _cell(value, digits):
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _rate(value):
-    """Steps/s to 3 significant digits: a slow machine's 0.4 steps/s is not
-    printed as 0."""
+def _figure(value):
+    """A rate or ratio to 3 significant digits: a slow round's 0.4 steps/s
+    (or ratio 0.004) is not printed as 0."""
     if value is None or isinstance(value, str):
         return _cell(value, 0)
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
@@ -399,18 +399,19 @@ def _rate(value):
 def format_fit_row(row):
     return (
         f"| {row['model']} | {row['replicas']} | {row['spe']} | "
-        f"{'on' if row['xla'] else 'off'} | {_rate(row['ctl'])} | "
-        f"{_rate(row['keras'])} | {_rate(row['loop'])} | "
-        f"{_cell(row['ctl/keras'], 2)} | {_cell(row['ctl/loop'], 2)} |"
+        f"{'on' if row['xla'] else 'off'} | {_figure(row['ctl'])} | "
+        f"{_figure(row['keras'])} | {_figure(row['loop'])} | "
+        f"{_figure(row['ctl/keras'])} | {_figure(row['ctl/loop'])} |"
     )
 
 
 def format_all_reduce_row(row):
     return (
-        f"| {row['replicas']} | {row['spe']} | {_rate(row['exact'])} | "
-        f"{_rate(row['fixed'])} | {100 * row['cost']:.1f} % | {_rate(row['plain'])} | "
-        f"{_rate(row['clipped'])} | {100 * row['clipping_cost']:.1f} % | "
-        f"{_rate(row['accumulated'])} | {row['accumulation_ratio']:.2f} |"
+        f"| {row['replicas']} | {row['spe']} | {_figure(row['exact'])} | "
+        f"{_figure(row['fixed'])} | {100 * row['cost']:.1f} % | "
+        f"{_figure(row['plain'])} | "
+        f"{_figure(row['clipped'])} | {100 * row['clipping_cost']:.1f} % | "
+        f"{_figure(row['accumulated'])} | {row['accumulation_ratio']:.2f} |"
     )
 
 
@@ -532,10 +533,10 @@ WORKER_TIMINGS_HEADER = (
 
 def format_worker_timings_row(workers, t):
     return (
-        f"| {workers} | {_rate(t['CTLModel.fit, accuracy'])} | "
-        f"{_rate(t['CTLModel.fit'])} | {_rate(t['hand loop'])} | "
-        f"{t['CTLModel.fit, accuracy / hand loop']:.2f} "
-        f"| {t['CTLModel.fit / hand loop']:.2f} |"
+        f"| {workers} | {_figure(t['CTLModel.fit, accuracy'])} | "
+        f"{_figure(t['CTLModel.fit'])} | {_figure(t['hand loop'])} | "
+        f"{_figure(t['CTLModel.fit, accuracy / hand loop'])} "
+        f"| {_figure(t['CTLModel.fit / hand loop'])} |"
     )
 
 
@@ -700,7 +701,7 @@ def run(args):
         collective_rows += ["", PARAMETER_SERVERS_HEADER]
         for workers in args.ps_workers:
             rate = measure_parameter_servers(workers, args.rounds, args.steps)
-            row = f"| {workers} | {_rate(rate)} |"
+            row = f"| {workers} | {_figure(rate)} |"
             print(row, flush=True)
             collective_rows.append(row)
     measured = Measured(
