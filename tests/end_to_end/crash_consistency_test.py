@@ -6,7 +6,7 @@ a few."""
 
 import kill_chain
 
-KILLS = 5
+KILLS = 3
 
 
 def test_random_kills_and_topologies_resume_to_the_one_device_result(tmp_path):

@@ -1,6 +1,6 @@
-"""24 generated configurations equal `keras.Model` on one device (see
-`tests/models/differential_test.py`): 12 seeds on one device and 2
-replicas, 12 on 3 replicas, in two child processes (`bash .ci/differential`
+"""12 generated configurations equal `keras.Model` on one device (see
+`tests/models/differential_test.py`): 6 seeds on one device and 2
+replicas, 6 on 3 replicas, in two child processes (`bash .ci/differential`
 runs 200 others before an issue is resolved). Three in four configurations
 override one of Keras's extension points, and those with a step of one's
 own run their first step eagerly: about twice the time of a plain one.
@@ -11,7 +11,7 @@ import json
 import children
 
 # (replicas, seeds, also on one device).
-SWEEPS = ((2, "3:15", True), (3, "103:115", False))
+SWEEPS = ((2, "3:9", True), (3, "103:109", False))
 SWEEP_TIMEOUT_S = 1800
 
 
@@ -45,5 +45,5 @@ def test_generated_configurations_equal_keras():
             for f in failures
         )
         checked += lines[-1]["checked"]
-    # 12 seeds on one device and 2 replicas, 12 on 3 replicas.
-    assert checked == 36
+    # 6 seeds on one device and 2 replicas, 6 on 3 replicas.
+    assert checked == 18

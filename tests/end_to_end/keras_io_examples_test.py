@@ -4,9 +4,10 @@ with `keras_ctl.CTLModel` as the base.
 
 In parity mode (the step's random draws taken from the data) each exact
 example equals `keras.Model` on one device in float64 to 1e-9, with a
-replica that gets no example in the last batch. The suite runs each on 2
-replicas (in this process) or 3 (a child process), from a hash of its name
-(`keras_io.replicas_in_suite`), but for the longest (`keras_io.LONGEST`);
+replica that gets no example in the last batch. The suite runs half of
+them on 2 replicas (in this process) and a quarter on 3 (a child process),
+from a hash of its name (`keras_io.replicas_in_suite`), but for the
+longest (`keras_io.LONGEST`);
 `.ci/keras_io.py` runs every example on 1, 2 and 3 replicas in float64 and
 float32, and as written.
 """

@@ -13,7 +13,7 @@ import children
 import pytest
 import topology_moves
 
-SEED, MOVES = 38, 30
+SEED, MOVES = 38, 18
 TOLERANCE = 1e-9  # float64: logic, not round-off
 CHILD_TIMEOUT_S = 600
 MOVES_DRAWN = topology_moves.draw(SEED, MOVES, replica_counts=(1, 2, 3))
