@@ -16,8 +16,17 @@ SEEDS = "7:11"  # a float32 configuration, then three float64 ones
 def alternated(tmp_path, *flags):
     out = tmp_path / ("control.npz" if flags else "mixed.npz")
     result = children.run(
-        [children.PYTHON, "configurations.py", "--alternate", out, "--seeds", SEEDS,
-         "--replicas", "2", *flags],
+        [
+            children.PYTHON,
+            "configurations.py",
+            "--alternate",
+            out,
+            "--seeds",
+            SEEDS,
+            "--replicas",
+            "2",
+            *flags,
+        ],
         timeout=600,
     )
     assert result.returncode == 0, children.output(result)
@@ -42,9 +51,7 @@ def test_plain_keras_runs_equal_the_control_exactly(runs):
 def test_ctl_models_between_them_equal_keras_on_one_device(runs):
     mixed, control = runs
     # Odd runs are the CTLModel's; run 1 is the float32 one.
-    float64_ctl_runs = [
-        key for key in mixed if int(key.split("/")[0]) in (3, 5, 7)
-    ]
+    float64_ctl_runs = [key for key in mixed if int(key.split("/")[0]) in (3, 5, 7)]
     assert float64_ctl_runs
     for key in float64_ctl_runs:
         np.testing.assert_allclose(

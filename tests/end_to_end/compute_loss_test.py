@@ -80,7 +80,12 @@ def trained(base, strategy):
     y = {"a": x[:, :1] * 2, "b": x[:, :2] - 1}
     model = two_outputs(base, strategy)
     history = model.fit(
-        x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
         validation_data=(x[:9], {"a": y["a"][:9], "b": y["b"][:9]}),
     ).history
     return {
@@ -171,8 +176,9 @@ def trainer(base, strategy):
         model = Trainer()
         model.compile(optimizer=keras.optimizers.SGD(0.1))
     x = np.random.default_rng(0).random((16, 4)).astype("float32")
-    history = model.fit(x, x[:, :1], batch_size=BATCH, epochs=2, verbose=0,
-                        shuffle=False).history
+    history = model.fit(
+        x, x[:, :1], batch_size=BATCH, epochs=2, verbose=0, shuffle=False
+    ).history
     return history, [np.asarray(w) for w in model.weights]
 
 
@@ -188,7 +194,12 @@ def test_a_model_whose_call_raises_trains_under_every_strategy(strategy):
 def fitted(model, x, y):
     """`(history, evaluate() dict)` of 2 epochs on `x`, `y`."""
     history = model.fit(
-        x, y, batch_size=BATCH, epochs=2, verbose=0, shuffle=False,
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
         validation_data=(x[:9], y[:9]),
     ).history
     return history, model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
@@ -251,9 +262,7 @@ def distiller(ctl, strategy, loss, distillation):
         def network(name):
             inputs = keras.Input((4,))
             hidden = keras.layers.Dense(5, activation="tanh", name=f"{name}_hidden")
-            return keras.Model(
-                inputs, keras.layers.Dense(3)(hidden(inputs)), name=name
-            )
+            return keras.Model(inputs, keras.layers.Dense(3)(hidden(inputs)), name=name)
 
         teacher, student = network("teacher"), network("student")
         if distillation == "logits":

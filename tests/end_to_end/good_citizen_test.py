@@ -29,9 +29,7 @@ OUTCOMES = {"fit raising": "ValueError", "fit interrupted": "KeyboardInterrupt"}
 
 @pytest.fixture(scope="module")
 def report():
-    result = children.run(
-        [children.PYTHON, "good_citizen_child.py"], timeout=300
-    )
+    result = children.run([children.PYTHON, "good_citizen_child.py"], timeout=300)
     assert result.returncode == 0, children.output(result)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -52,7 +50,5 @@ def test_keras_is_its_own_again_after_each_call_path(report, path):
 @pytest.mark.parametrize(
     "path", ["plain predict inside a fit", "plain fit beside a thread"]
 )
-def test_plain_keras_beside_keras_ctl_computes_what_it_computes_alone(
-    report, path
-):
+def test_plain_keras_beside_keras_ctl_computes_what_it_computes_alone(report, path):
     assert report["paths"][path]["extra"] == 0.0

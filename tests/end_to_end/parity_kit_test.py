@@ -99,8 +99,9 @@ def test_a_local_mean_fails_with_a_table():
 class InBatchNegatives(keras_ctl.CTLModel):
     """Retrieval's loss: each query's positive against the batch's others."""
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None,
-                     training=True):
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
         scores = keras.ops.matmul(y_pred, keras.ops.transpose(y_pred))
         labels = keras.ops.eye(keras.ops.shape(scores)[0])
         return keras.ops.mean(
@@ -127,11 +128,16 @@ def test_a_loss_coupling_the_batch_is_measured_and_its_remedy_passes():
             build_in_batch_negatives, x, y, batch_size=16, replicas=(2,)
         )
     message = str(failure.value)
-    assert "- InBatchNegatives.compute_loss: a `compute_loss` of your own, " \
+    assert (
+        "- InBatchNegatives.compute_loss: a `compute_loss` of your own, "
         "measured on a batch of 16" in message
+    )
     assert "couples the batch's examples" in message
     report = assert_replica_invariant(
-        build_in_batch_negatives_over_the_global_batch, x, y, batch_size=16,
+        build_in_batch_negatives_over_the_global_batch,
+        x,
+        y,
+        batch_size=16,
         replicas=(2,),
     )
     assert max(report[2].values()) <= 1e-5

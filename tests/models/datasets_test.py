@@ -1,4 +1,3 @@
-
 import numpy as np
 import pytest
 
@@ -23,4 +22,3 @@ def test_unknown_dataset_names_the_value():
 def test_bad_test_fraction_names_the_value():
     with pytest.raises(ValueError, match=r"Received: test_fraction=1.5"):
         datasets.load("digits", test_fraction=1.5)
-

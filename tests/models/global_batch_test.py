@@ -315,9 +315,7 @@ def label_embeddings(base):
             super().__init__(**kwargs)
             init = keras.initializers.RandomNormal(seed=3)
             self.query = keras.layers.Dense(4, kernel_initializer=init)
-            self.candidates = keras.layers.Embedding(
-                7, 4, embeddings_initializer=init
-            )
+            self.candidates = keras.layers.Embedding(7, 4, embeddings_initializer=init)
             self.candidates.build((None,))
 
         def call(self, x):

@@ -59,8 +59,10 @@ def snapshot():
     for owner in owners():
         label = getattr(owner, "__qualname__", getattr(owner, "__name__", ""))
         for key, member in list(vars(owner).items()):
-            seen[f"owner:{owner.__module__ if isinstance(owner, type) else ''}"
-                 f".{label}.{key}"] = id(member)
+            seen[
+                f"owner:{owner.__module__ if isinstance(owner, type) else ''}"
+                f".{label}.{key}"
+            ] = id(member)
     return seen
 
 
@@ -164,8 +166,9 @@ def fitted(callback, cls=keras_ctl.CTLModel, **kwargs):
         with strategy.scope():
             model = classifier(cls)
         try:
-            model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback],
-                      **kwargs)
+            model.fit(
+                x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback], **kwargs
+            )
         except (ValueError, KeyboardInterrupt) as error:
             error.watch = callback
             raise
@@ -194,8 +197,15 @@ def plain_beside_a_thread():
 
     def plain_run(watch=None):
         model = classifier(keras.Model)
-        model.fit(x, y, batch_size=4, epochs=3, verbose=0, shuffle=False,
-                  callbacks=[watch] if watch else [])
+        model.fit(
+            x,
+            y,
+            batch_size=4,
+            epochs=3,
+            verbose=0,
+            shuffle=False,
+            callbacks=[watch] if watch else [],
+        )
         return [w.numpy() for w in model.weights]
 
     alone = plain_run()
@@ -232,8 +242,7 @@ def main():
     before = snapshot()
     path("fit", fitted(Watch(), validation_data=(x, y)), results, before)
     path("fit raising", fitted(Watch(raises=ValueError("stop"))), results, before)
-    path("fit interrupted", fitted(Watch(raises=KeyboardInterrupt())), results,
-         before)
+    path("fit interrupted", fitted(Watch(raises=KeyboardInterrupt())), results, before)
     path("fit stopped by a callback", fitted(Watch(stops=True)), results, before)
     path("own train_step", fitted(Watch(), cls=OwnStep), results, before)
     path("evaluate, predict, *_on_batch, get_weights", other_calls, results, before)

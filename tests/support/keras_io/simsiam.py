@@ -46,10 +46,7 @@ def model_class(base, parity):
             with tf.GradientTape() as tape:
                 z1, z2 = self.encoder(view_one), self.encoder(view_two)
                 p1, p2 = self.predictor(z1), self.predictor(z2)
-                loss = (
-                    negative_cosine(p1, z2) / 2
-                    + negative_cosine(p2, z1) / 2
-                )
+                loss = negative_cosine(p1, z2) / 2 + negative_cosine(p2, z1) / 2
             weights = (
                 self.encoder.trainable_variables + self.predictor.trainable_variables
             )
