@@ -2,8 +2,9 @@
 example on 1, 2 and 3 replicas (a replica without examples in the last
 batch on 2 and 3), in float64 (1e-9) and float32 (1e-5) against
 keras.Model on one device, and every example as written on 2 and 3
-replicas. One child process a run, two at once. Prints a table (largest
-relative difference, or the problems found); exits 1 on any failure.
+replicas (or refused by name: `keras_io.REFUSED_AS_WRITTEN`). One child
+process a run, two at once. Prints a table (largest relative difference,
+or the problems found); exits 1 on any failure.
 
 Usage: .venv/bin/python .ci/keras_io.py
 """
@@ -58,7 +59,7 @@ def main():
         print(f"{name:26}" + "".join(cells))
     for replicas in (2, 3):
         problems = found[(replicas, True)]
-        for name in keras_io.AS_WRITTEN:
+        for name in (*keras_io.AS_WRITTEN, *keras_io.REFUSED_AS_WRITTEN):
             failures += name not in problems or bool(problems[name])
             found_problems = problems.get(name, "not run")
             print(f"as written, {replicas} replicas, {name}: {found_problems}")

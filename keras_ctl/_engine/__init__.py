@@ -16,5 +16,6 @@ uses), below this package and the seam (`keras_ctl._keras`).
 - `plan`: the decisions a step function is built with (XLA, steps per call).
 - `loop`: the train/test/predict functions and their cross-replica logs.
 - `resume`: skipping the batches a killed run trained on.
-- `errors`: TensorFlow's run-time errors that bad data causes, explained.
+- `errors`: TensorFlow's run-time errors that bad data or a replica's
+  share of the batch causes, explained.
 """

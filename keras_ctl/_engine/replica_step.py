@@ -117,6 +117,9 @@ class ReplicaStep:
         self.notice = None
         if topology.of(self.strategy).workers > 1:
             self.notice = preemption.notice_variable()
+        # The logs that are not scalars: under replicas, one whose shape
+        # follows the batch fails the logs' collective, which names none.
+        self.logs_not_scalar: set[str] = set()
         self.draws_as_one_device = (
             parts.random_as_one_device and self.strategy.num_replicas_in_sync > 1
         )
@@ -180,6 +183,7 @@ class ReplicaStep:
 
     def _replica_logs(self, outputs: Any, trace: Trace) -> Any:
         outputs, fraction = own_step.logs_and_fraction(outputs)
+        self.logs_not_scalar |= _not_scalar(outputs)
         if self.notice is not None and isinstance(outputs, dict):
             shared = outputs_module.ReplicaSum(self.notice.read_value())
             outputs = {**outputs, preemption.NOTICE_LOG: shared}
@@ -194,6 +198,18 @@ class ReplicaStep:
         """One step and its logs."""
         trace = Trace()
         return self.logs(self.run(data, trace), trace)
+
+
+def _not_scalar(outputs: Any) -> set[str]:
+    """The names of the logs in `outputs` (a dict) that are tensors of at
+    least one dimension."""
+    if not isinstance(outputs, dict):
+        return set()
+    return {
+        str(name)
+        for name, value in outputs.items()
+        if isinstance(value, tf.Tensor) and value.shape.rank != 0
+    }
 
 
 @contextlib.contextmanager

@@ -114,19 +114,19 @@ class StepFunction:
         ):
             # `train_on_batch` and friends pass a plain Python iterator.
             for data in iterator:
-                logs = _explaining_errors(self._step.one, data)
+                logs = _explaining_errors(self._step.one, data, self._step)
             return logs
         count = None
         if isinstance(deferred, DeferredIterator):
             count = deferred.batches_for_call(self._steps)
         try:
-            logs = _explaining_errors(self._loop_for(count), iterator)
+            logs = _explaining_errors(self._loop_for(count), iterator, self._step)
         except Exception as error:
             if not _needs_eager_step(error):
                 raise
             # State the step creates on first use (the seed generators of
             # unseeded draws): created by this call, run eagerly.
-            logs = _explaining_errors(self._eager, iterator)
+            logs = _explaining_errors(self._eager, iterator, self._step)
         if count is not None:
             deferred.took(count)
         return logs
@@ -175,11 +175,14 @@ def _needs_eager_step(error: BaseException | None) -> bool:
     return False
 
 
-def _explaining_errors(function: Callable[[Any], Any], argument: Any) -> Any:
+def _explaining_errors(
+    function: Callable[[Any], Any], argument: Any, step: ReplicaStep
+) -> Any:
     try:
         return function(argument)
     except tf.errors.InvalidArgumentError as error:
-        explanation = errors.explained(error)
+        replicas = step.strategy.num_replicas_in_sync
+        explanation = errors.explained(error, replicas, step.logs_not_scalar)
         if explanation is None:
             raise
         raise explanation from error

@@ -9,12 +9,15 @@ them on 2 replicas (in this process) and a quarter on 3 (a child process),
 from a hash of its name (`keras_io.replicas_in_suite`), but for the
 longest (`keras_io.LONGEST`);
 `.ci/keras_io.py` runs every example on 1, 2 and 3 replicas in float64 and
-float32, and as written.
+float32, and as written. An example that cannot run as written under
+replicas (`keras_io.REFUSED_AS_WRITTEN`) stops with a message that names why.
 """
 
 import json
 
 import children
+import devices
+import keras
 import keras_io
 import pytest
 
@@ -37,3 +40,9 @@ def test_the_other_examples_equal_one_device_on_3_replicas(tmp_path):
         name: d for name, d in found.items() if d > keras_io.tolerance(name, "float64")
     }
     assert not off, off
+
+
+@pytest.mark.parametrize("name", sorted(keras_io.REFUSED_AS_WRITTEN))
+def test_an_example_that_cannot_run_as_written_is_refused_by_name(name):
+    keras.utils.set_random_seed(1)
+    assert keras_io.refusal_as_written(name, devices.get("mirrored")) == []

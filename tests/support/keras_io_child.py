@@ -36,6 +36,9 @@ if arguments.as_written:
         keras.utils.set_random_seed(1)
         got = keras_io.train(name, keras_ctl.CTLModel, strategy, parity=False)
         found[name] = keras_io.problems_as_written(name, got)
+    for name in [] if arguments.names else keras_io.REFUSED_AS_WRITTEN:
+        keras.utils.set_random_seed(1)
+        found[name] = keras_io.refusal_as_written(name, strategy)
 else:
     names = arguments.names or keras_io.EXACT
     found = keras_io.compare(names, strategy, arguments.dtypes)
