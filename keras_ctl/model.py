@@ -396,12 +396,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 replica draws its own; `"as_one_device"`: each example gets
                 the numbers one device draws for it (`Dropout`,
                 `GaussianNoise`, random augmentation layers, and
-                `keras.random.normal`, `uniform`, `truncated_normal` and
-                `randint` with a `SeedGenerator` seed, whose first
-                dimension is the batch), so a seeded run equals one device
-                on any replica count, and resumes on any. A draw whose
-                first dimension is not the replica's batch is one draw for
-                the batch, the one device draws. Costs one all-gather of
+                `keras.random.normal`, `uniform`, `truncated_normal`,
+                `randint`, `gamma`, `binomial`, `beta` and `categorical`
+                with a `SeedGenerator` seed, whose first dimension is the
+                batch), so a seeded run equals one device on any replica
+                count, and resumes on any. A draw whose first dimension is
+                not the replica's batch is one draw for the batch, the one
+                device draws; `keras.random.shuffle` of the replica's rows
+                is refused with a `ValueError`. Costs one all-gather of
                 the replicas' batch sizes a step, and draws of up to the
                 global batch's rows. Refused with `jit_compile=True`
                 under several replicas (XLA draws other numbers than

@@ -34,6 +34,8 @@ _COLLECTIVE_OF_SHAPES = re.compile(
     r"expected shape \[(\d*)\] but another member in the group expected "
     r"shape \[(\d*)\]"
 )
+# A check keras_ctl puts in a step, whose message is the whole explanation.
+_OWN_CHECK = re.compile(r"assertion failed: \[keras_ctl: (.*?)\]\s*\[\[", re.DOTALL)
 # The node a root error names, on the line after its message.
 _NODE = re.compile(r"\{\{node ([^}]+)\}\}")
 # The replica of a node of a step traced under several replicas (replica 0's
@@ -69,6 +71,9 @@ def explained(
             f"in `y`. Map the labels to 0 to {int(classes) - 1}, or give the "
             "model's last layer as many units as there are classes."
         )
+    own = _OWN_CHECK.search(message)
+    if own:
+        return ValueError(re.sub(r"\\(['\"])", r"\1", own.group(1)))
     shapes = _ASSIGNED_ANOTHER_SHAPE.search(message)
     if shapes:
         node = _NODE.search(message, shapes.end())

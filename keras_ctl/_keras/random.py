@@ -2,10 +2,12 @@
 one device makes them (`draw_rows_as_one_device`)."""
 
 import contextlib
+import inspect
 import threading
 import weakref
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -144,6 +146,120 @@ def shaped_as_one_device(original):
         return original(wider, *args, **kwargs)[before:]
 
     return draw
+
+
+# Keras's random functions whose first argument is the output's shape and
+# whose named parameters may hold a value per row of it.
+PARAMETERIZED = {
+    "gamma": ("alpha",),
+    "binomial": ("counts", "probabilities"),
+    "beta": ("alpha", "beta"),
+}
+
+
+def parameterized_as_one_device(original, parameters):
+    """`gamma`, `binomial` or `beta` of Keras's TensorFlow backend, drawing
+    as one device (`shaped_as_one_device`): each of `parameters` (the
+    names of the function's arguments) that has a value per row gets
+    `offset` rows of ones in front, which draw valid numbers that are
+    dropped again. TensorFlow's stateless gamma and binomial give each
+    element a stream of its own, so a row's numbers do not depend on the
+    other rows' parameters. Replaces the functions in
+    `keras.src.backend.tensorflow.random` (checked on Keras 3.12.0 and
+    3.15.1)."""
+    signature = inspect.signature(original)
+
+    def draw(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        shape = bound.arguments["shape"]
+        shape_tensor = _shape_tensor(shape)
+        if getattr(_in_step, "random_rows", None) is None or shape_tensor is None:
+            return original(*args, **kwargs)
+        before = _rows_before(_first(shape, shape_tensor))
+        dtype = bound.arguments.get("dtype") or keras.config.floatx()
+        for name in parameters:
+            bound.arguments[name] = _with_rows_before(
+                bound.arguments[name], before, shape_tensor.shape[0], dtype
+            )
+        bound.arguments["shape"] = tf.concat(
+            [[shape_tensor[0] + before], shape_tensor[1:]], 0
+        )
+        return original(*bound.args, **bound.kwargs)[before:]
+
+    return draw
+
+
+def _with_rows_before(value, before, rank, dtype):
+    """`value`, a parameter of a draw of `rank` dimensions, with `before`
+    rows of ones in front when it has a value per row (its first dimension
+    is not 1, which broadcasts over the wider draw as it is)."""
+    if isinstance(value, (int, float)) or np.ndim(value) != rank:
+        return value
+    if not isinstance(value, (tf.Tensor, tf.Variable)):
+        value = tf.convert_to_tensor(value, dtype=dtype)
+    rows = tf.shape(value)[0]
+    before = tf.where(tf.equal(rows, 1), tf.zeros_like(before), before)
+    ones = tf.ones(tf.concat([[before], tf.shape(value)[1:]], 0), value.dtype)
+    return tf.concat([ones, value], 0)
+
+
+def categorical_as_one_device(original):
+    """Keras's TensorFlow `categorical`, drawing as one device
+    (`shaped_as_one_device`): the logits, a row per draw, get `offset` rows
+    of zeros in front, dropped again after. Replaces
+    `keras.src.backend.tensorflow.random.categorical`."""
+
+    def categorical(logits, num_samples, dtype="int64", seed=None):
+        if getattr(_in_step, "random_rows", None) is None:
+            return original(logits, num_samples, dtype=dtype, seed=seed)
+        logits = tf.convert_to_tensor(logits)
+        rows = _static(logits.shape[0])
+        before = _rows_before(tf.shape(logits)[0] if rows is None else rows)
+        wider = tf.pad(logits, [[before, 0], [0, 0]])
+        return original(wider, num_samples, dtype=dtype, seed=seed)[before:]
+
+    return categorical
+
+
+def shuffle_refused_as_one_device(original):
+    """Keras's TensorFlow `shuffle`, refused for the replica's rows in a
+    step drawing as one device: one device's permutation of the global
+    batch takes each replica's rows from every replica. Another shuffle (of
+    a tensor without a row per example) is one device's already. Replaces
+    `keras.src.backend.tensorflow.random.shuffle`."""
+
+    def shuffle(x, axis=0, seed=None):
+        random_rows = getattr(_in_step, "random_rows", None)
+        if random_rows is None:
+            return original(x, axis=axis, seed=seed)
+        x = tf.convert_to_tensor(x)
+        length = _static(x.shape[axis])
+        rows, _, static_rows = random_rows
+        if length is not None and static_rows is not None:
+            if length == static_rows:
+                raise ValueError(_SHUFFLE_REFUSED)
+            return original(x, axis=axis, seed=seed)
+        length = tf.shape(x)[axis] if length is None else length
+        check = tf.debugging.Assert(
+            tf.not_equal(tf.cast(length, rows.dtype), rows),
+            [f"keras_ctl: {_SHUFFLE_REFUSED}"],
+        )
+        with tf.control_dependencies([check]):
+            return original(tf.identity(x), axis=axis, seed=seed)
+
+    return shuffle
+
+
+_SHUFFLE_REFUSED = (
+    'compile(random_draws="as_one_device") cannot shuffle the '
+    "replica's rows as one device does. Received: `keras.random.shuffle` of "
+    "a tensor with a row per example of the replica's share of the batch. "
+    "One device's permutation of the global batch takes each replica's rows "
+    "from every replica: shuffle `keras_ctl.all_gather(rows)` (the global "
+    "batch, the same on every replica) and keep the replica's rows "
+    "(from `keras_ctl.row_offset(rows)`), or compile with "
+    'random_draws="per_replica" for each replica\'s own permutation.'
+)
 
 
 def dropout_as_one_device(original):

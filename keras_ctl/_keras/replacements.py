@@ -147,6 +147,28 @@ REPLACEMENTS = (
         random.dropout_as_one_device,
         "as above, for `Dropout` and every layer's dropout",
     ),
+    *(
+        Replacement(
+            _tf_random,
+            name,
+            functools.partial(random.parameterized_as_one_device, parameters=names_),
+            "as above, for draws whose parameters may hold a value per row",
+        )
+        for name, names_ in random.PARAMETERIZED.items()
+    ),
+    Replacement(
+        _tf_random,
+        "categorical",
+        random.categorical_as_one_device,
+        "as above, for a draw per row of the logits",
+    ),
+    Replacement(
+        _tf_random,
+        "shuffle",
+        random.shuffle_refused_as_one_device,
+        "a permutation of the global batch cannot be drawn from a replica's "
+        "rows, so a shuffle of them is refused by name",
+    ),
     Replacement(
         _tf_function,
         "__call__",

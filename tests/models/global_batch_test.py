@@ -9,6 +9,7 @@ import configurations
 import coupled_losses
 import devices
 import keras
+import named_errors
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -293,76 +294,14 @@ def test_a_queue_filled_from_the_global_batch_equals_one_devices():
         np.testing.assert_allclose(got, want, atol=1e-12, rtol=0)
 
 
-class QueuedFromItsOwnRows(keras_ctl.CTLModel):
-    """keras.io's NNCLR as written: the queue is filled from the replica's
-    own embeddings, a row per example of its share of the batch."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.queue = self.add_weight(
-            shape=(QUEUE, 3), initializer="zeros", trainable=False, name="queue"
-        )
-
-    def train_step(self, data):
-        x, _ = data
-        z = self(x, training=True)
-        self.queue.assign(tf.concat([z, z], 0)[:QUEUE])
-        return {}
-
-
-def queue_filled_from_its_own_rows(strategy):
-    x = np.random.default_rng(0).normal(size=(17, 5)).astype("float32")
-    with strategy.scope():
-        inputs = keras.Input((5,))
-        model = QueuedFromItsOwnRows(inputs, keras.layers.Dense(3)(inputs))
-        model.compile(optimizer="sgd")
-    with pytest.raises(ValueError) as raised:
-        model.fit(x, np.zeros(17), batch_size=8, epochs=1, verbose=0)
-    return str(raised.value)
-
-
-def test_a_queue_filled_from_a_replicas_own_rows_is_named_not_a_raw_error():
-    """The last batch, 1 example, gives the queue 2 rows, not 6, on one
-    device; on 2 replicas, 2 rows on replica 0 and none on replica 1 (no
-    example): whichever fails first is named."""
-    message = queue_filled_from_its_own_rows(devices.get("mirrored"))
-    said = "The step assigned a value of shape {} to a variable of shape [6, 3]"
-    where = f" ({__file__}, line "
-    replica_0 = said.format("[2, 3]") + where in message
-    replica_1 = said.format("[0, 3]") + where in message
-    assert (replica_0 or replica_1) and "in train_step)" in message
-    on = "replica 1 of 2" if replica_1 else "a replica"  # replica 0: no prefix
-    assert f"shape [{2 * replica_0}, 3] on {on}. Under 2 replicas each" in message
-    assert "Gather the rows first, `keras_ctl.all_gather(rows)`" in message
-    message = queue_filled_from_its_own_rows(devices.get("default"))
-    assert message.startswith(said.format("[2, 3]") + where)
+def test_a_queue_given_other_rows_on_one_device_is_named_not_a_raw_error():
+    """The last batch, 1 example, gives the queue 2 rows, not 6 (on 2
+    replicas: tests/end_to_end/named_errors_test.py)."""
+    message = named_errors.message("queue", devices.get("default"))
+    said = "The step assigned a value of shape [2, 3] to a variable of shape [6, 3]"
+    assert message.startswith(f"{said} ({named_errors.__file__}, line ")
     assert "in train_step)" in message and "replica" not in message
     assert "Give the value the variable's shape" in message
-
-
-class LogsPerExample(keras_ctl.CTLModel):
-    def train_step(self, data):
-        x, y = data
-        return {"per_example": keras.ops.sum(self(x) - y[:, None], axis=1)}
-
-
-def test_a_log_per_example_is_named_when_the_replicas_parts_differ():
-    """The last batch, 1 example, gives replica 0 one value and replica 1
-    none: the logs' collective cannot sum them, and the error says why."""
-    x = np.random.default_rng(0).normal(size=(17, 5)).astype("float32")
-    with devices.get("mirrored").scope():
-        inputs = keras.Input((5,))
-        model = LogsPerExample(inputs, keras.layers.Dense(3)(inputs))
-        model.compile(optimizer="sgd")
-    with pytest.raises(ValueError) as raised:
-        model.fit(x, np.zeros(17), batch_size=8, epochs=1, verbose=0)
-    message = str(raised.value)
-    assert message.startswith(
-        "The replicas summed values of different sizes in one collective of the "
-        "step. Received: "
-    )
-    assert "(the step's logs that are not scalars: `per_example`)" in message
-    assert "Log a scalar" in message and "`keras_ctl.all_gather(rows)`" in message
 
 
 # The fast tier's seeds; tests/end_to_end/global_batch_sweep_test.py runs more.

@@ -10,6 +10,7 @@ the augmentation layers, each equal to `keras.Model` on one device (float64,
 import configurations
 import devices
 import keras
+import named_errors
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -36,6 +37,44 @@ class MaskedInputs:
             tape.gradient(loss, self.trainable_weights), self.trainable_weights
         )
         return {"loss": loss}
+
+
+class DrawsWithParameters:
+    """A step of one's own scaling its inputs by `keras.random` draws whose
+    parameters hold a value per row (`gamma`, `binomial`, `beta`) or whose
+    logits are a row per example (`categorical`)."""
+
+    draw = "gamma"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.draw_seed = keras.random.SeedGenerator(5)
+
+    def train_step(self, data):
+        x, y = data
+        ops, shape, seed = keras.ops, keras.ops.shape(x), self.draw_seed
+        per_row = 1 + ops.square(x)
+        if self.draw == "gamma":
+            scale = keras.random.gamma(shape, alpha=per_row, seed=seed)
+        elif self.draw == "binomial":
+            p = ops.sigmoid(x)
+            scale = keras.random.binomial(shape, counts=3.0, probabilities=p, seed=seed)
+        elif self.draw == "beta":
+            scale = keras.random.beta(shape, alpha=per_row, beta=2.0, seed=seed)
+        else:
+            logits = ops.reshape(x, (-1, 192))[:, :4] * 3
+            picked = keras.random.categorical(logits, 2, seed=seed)[:, 0]
+            scale = ops.reshape(ops.one_hot(picked, 4, dtype=x.dtype), (-1, 1, 1, 4))
+            scale = ops.repeat(scale, 48, axis=-1)[..., :3]
+        with tf.GradientTape() as tape:
+            loss = ops.mean(ops.square(self(x * scale, training=True) - y))
+        self.optimizer.apply(
+            tape.gradient(loss, self.trainable_weights), self.trainable_weights
+        )
+        return {"loss": loss}
+
+
+DRAWS_WITH_PARAMETERS = ("gamma", "binomial", "beta", "categorical")
 
 
 def _noisy(inputs):
@@ -73,6 +112,9 @@ def trained(case, base, strategy, examples):
             model_class = base
             if case == "masked_step":
                 model_class = type("Masked", (MaskedInputs, base), {})
+            if case in DRAWS_WITH_PARAMETERS:
+                parts = (DrawsWithParameters, base)
+                model_class = type("Drawing", parts, {"draw": case})
             model = model_class(inputs, L.Dense(2)(h))
             options = {} if base is keras.Model else {"random_draws": "as_one_device"}
             model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **options)
@@ -87,7 +129,9 @@ def largest_difference(case, examples):
 
 
 @pytest.mark.parametrize("examples", [48, 49])
-@pytest.mark.parametrize("case", ["noise_layers", "masked_step"])
+@pytest.mark.parametrize(
+    "case", ["noise_layers", "masked_step", *DRAWS_WITH_PARAMETERS]
+)
 def test_draws_follow_the_examples_on_static_and_dynamic_batches(case, examples):
     assert largest_difference(case, examples) <= 1e-12
 
@@ -97,3 +141,17 @@ def test_draws_follow_the_examples_on_static_and_dynamic_batches(case, examples)
 def test_augmentation_layers_draw_as_one_device_on_static_batches(layer):
     # 48 examples: every batch static; the dynamic case is the one above.
     assert largest_difference(layer, 48) <= 1e-12
+
+
+def test_a_shuffle_of_the_replicas_rows_is_refused_by_name():
+    """Refused as the step is traced for static batches (48 examples as
+    arrays); as it runs, for batches of any size, in
+    tests/end_to_end/named_errors_test.py."""
+    strategy = devices.get("mirrored")
+    message = named_errors.message("shuffled_rows", strategy, 48)
+    # (Keras's `ops.cond` puts a line of its own before an error raised in it.)
+    assert named_errors.SHUFFLE_REFUSED in message
+    assert 'random_draws="per_replica"' in message
+    # A shuffle of anything else is one device's: the same on every replica.
+    model = named_errors.fitted("shuffled_other", strategy, 48)
+    assert model.optimizer.iterations.numpy() == 6
