@@ -65,7 +65,9 @@ def per_replica_generators(original):
                 seed_generator = names.member(
                     "keras.src.random.seed_generator", "SeedGenerator"
                 )
-                generator = of_strategy[replica] = seed_generator()
+                # Its seed is Python's `random`: not a draw of the step's.
+                with draw_rows_as_one_device(None, None):
+                    generator = of_strategy[replica] = seed_generator()
         return generator
 
     return global_seed_generator
@@ -81,9 +83,10 @@ def draw_rows_as_one_device(rows, offset, static_rows=None):
     this one). Other draws (one per batch) are one device's already: every
     replica uses the seed one device uses. `static_rows` is the replica's
     number of rows where the step knows it before it runs (every batch
-    splits evenly), else `None`."""
+    splits evenly), else `None`. With `rows` `None`, draws within it are
+    not drawn as one device."""
     previous = getattr(_in_step, "random_rows", None)
-    _in_step.random_rows = (rows, offset, static_rows)
+    _in_step.random_rows = None if rows is None else (rows, offset, static_rows)
     try:
         yield
     finally:
@@ -248,6 +251,69 @@ def shuffle_refused_as_one_device(original):
             return original(tf.identity(x), axis=axis, seed=seed)
 
     return shuffle
+
+
+# The functions of Python's `random` module that draw.
+PYTHON_DRAWS = (
+    "random",
+    "uniform",
+    "randint",
+    "randrange",
+    "choice",
+    "choices",
+    "sample",
+    "shuffle",
+    "gauss",
+    "normalvariate",
+)
+
+
+def python_draw_refused_as_one_device(original):
+    """A draw of Python's `random` in a replica step drawing as one device
+    is refused: each replica thread runs (and traces) the step, so each
+    draws its own numbers, which no replica can make one device's
+    (`keras.layers.AugMix` picks its augmentations with `random.choice`).
+    Replaces the function of Python's `random` module, for the replica
+    steps' threads only."""
+
+    def draw(*args, **kwargs):
+        if getattr(_in_step, "random_rows", None) is None:
+            return original(*args, **kwargs)
+        raise ValueError(
+            'compile(random_draws="as_one_device") cannot draw Python\'s '
+            f"`random.{original.__name__}` as one device. Received: a call to "
+            f"`random.{original.__name__}` in the training step (keras.layers."
+            "AugMix picks its augmentations so): each replica runs the step "
+            "and draws its own. Draw with `keras.random` and a "
+            "`keras.random.SeedGenerator` instead, or compile with "
+            'random_draws="per_replica" for each replica\'s own draws.'
+        )
+
+    return draw
+
+
+def image_draw_refused_as_one_device(original):
+    """Keras's TensorFlow `image.elastic_transform` is refused in a replica
+    step drawing as one device: it draws its displacement fields with
+    TensorFlow's own random ops, for a batch whose size it reads from the
+    static shape (1 when unknown), which no replica can make one device's
+    (`keras.layers.RandomElasticTransform`). Replaces
+    `keras.src.backend.tensorflow.image.elastic_transform`."""
+
+    def elastic_transform(*args, **kwargs):
+        if getattr(_in_step, "random_rows", None) is None:
+            return original(*args, **kwargs)
+        raise ValueError(
+            'compile(random_draws="as_one_device") cannot draw '
+            "`keras.layers.RandomElasticTransform`'s displacement fields as "
+            "one device. Received: a call to Keras's `image.elastic_transform` "
+            "in the training step, which draws with TensorFlow's own random "
+            "ops for a batch of its static size. Apply it in the input "
+            "pipeline (`dataset.map`) instead, or compile with "
+            'random_draws="per_replica" for each replica\'s own fields.'
+        )
+
+    return elastic_transform
 
 
 _SHUFFLE_REFUSED = (

@@ -15,6 +15,7 @@ through `names` (3.16 moved some).
 
 import contextlib
 import functools
+import random as python_random
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -161,6 +162,23 @@ REPLACEMENTS = (
         "categorical",
         random.categorical_as_one_device,
         "as above, for a draw per row of the logits",
+    ),
+    *(
+        Replacement(
+            lambda: python_random,
+            name,
+            random.python_draw_refused_as_one_device,
+            "a step's draw of Python's `random` (AugMix's augmentations) is "
+            "each replica thread's own, and nothing hooks it",
+        )
+        for name in random.PYTHON_DRAWS
+    ),
+    Replacement(
+        lambda: names.module("keras.src.backend.tensorflow.image"),
+        "elastic_transform",
+        random.image_draw_refused_as_one_device,
+        "it draws with TensorFlow's own random ops, which no Keras hook "
+        "reaches",
     ),
     Replacement(
         _tf_random,

@@ -13,6 +13,7 @@ import keras
 import named_errors
 import numpy as np
 import pytest
+import random_layers
 import tensorflow as tf
 
 import keras_ctl
@@ -155,3 +156,10 @@ def test_a_shuffle_of_the_replicas_rows_is_refused_by_name():
     # A shuffle of anything else is one device's: the same on every replica.
     model = named_errors.fitted("shuffled_other", strategy, 48)
     assert model.optimizer.iterations.numpy() == 6
+
+
+def test_every_layer_of_keras_that_takes_a_seed_is_in_the_matrix():
+    """A Keras that adds a seeded layer fails here until the matrix
+    (tests/support/random_layers.py) has it."""
+    assert random_layers.coverage() == []
+    assert len(random_layers.BUILDERS) >= 44
