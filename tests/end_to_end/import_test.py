@@ -1,6 +1,7 @@
 """Importing keras_ctl changes nothing of Keras: every function and class
-attribute of every Keras module loaded before (and of the TensorFlow module
-of `tf.function`, which a row replaces) is the same object after
+attribute of every Keras module loaded before (and of the modules outside
+Keras whose attributes rows replace: TensorFlow's module of `tf.function`,
+Python's `random`) is the same object after
 `import keras_ctl`, and a plain `keras.Model` trains bit for bit as without
 it. Keras's attributes are replaced only while a keras_ctl call runs (each
 row of `replacements.REPLACEMENTS`), and are Keras's own again after."""
@@ -16,14 +17,17 @@ import sys
 import keras
 import tensorflow
 
-# The one module outside Keras whose attributes the table replaces.
-TF_FUNCTION = "tensorflow.python.eager.polymorphic_function.polymorphic_function"
+# The modules outside Keras whose attributes the table replaces.
+OUTSIDE_KERAS = (
+    "tensorflow.python.eager.polymorphic_function.polymorphic_function",
+    "random",
+)
 
 
 def snapshot():
     seen = {}
     for name, module in list(sys.modules.items()):
-        watched = name == "keras" or name.startswith("keras.") or name == TF_FUNCTION
+        watched = name == "keras" or name.startswith("keras.") or name in OUTSIDE_KERAS
         if module is None or not watched:
             continue
         seen[name] = id(module)
