@@ -10,9 +10,7 @@ Usage: .venv/bin/python .ci/keras_io.py
 """
 
 import concurrent.futures
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -21,6 +19,7 @@ SUPPORT = os.path.join(
 )
 sys.path.insert(0, SUPPORT)
 
+import children  # noqa: E402
 import keras_io  # noqa: E402
 
 RUNS = [(1, False), (2, False), (3, False), (2, True), (3, True)]
@@ -30,14 +29,7 @@ def run(replicas, as_written, folder):
     out = os.path.join(folder, f"{replicas}{'w' if as_written else ''}.json")
     command = [sys.executable, "keras_io_child.py", str(replicas), out]
     command += ["--as-written"] if as_written else []
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        command, cwd=SUPPORT, env=env, capture_output=True, text=True, timeout=3600
-    )
-    if result.returncode:
-        return {"error": result.stderr[-3000:]}
-    with open(out) as f:
-        return json.load(f)
+    return children.json_written(command, out, timeout=3600)
 
 
 def main():

@@ -11,9 +11,7 @@ Usage: .venv/bin/python .ci/random_layers.py
 """
 
 import concurrent.futures
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -22,6 +20,7 @@ SUPPORT = os.path.join(
 )
 sys.path.insert(0, SUPPORT)
 
+import children  # noqa: E402
 import random_layers  # noqa: E402
 
 REPLICAS = (2, 3)
@@ -31,14 +30,7 @@ def run(replicas, case=None, folder=None):
     out = os.path.join(folder, f"{replicas}{case or ''}.json")
     command = [sys.executable, "random_layers_child.py", str(replicas), out]
     command += [case] if case else []
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        command, cwd=SUPPORT, env=env, capture_output=True, text=True, timeout=3600
-    )
-    if result.returncode:
-        return {"error": result.stderr[-3000:]}
-    with open(out) as f:
-        return json.load(f)
+    return children.json_written(command, out, timeout=3600)
 
 
 def cell(found):

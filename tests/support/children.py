@@ -5,6 +5,7 @@ A child is a fresh interpreter (one device set per process: see
 stopped with all its own children when it runs over or the test fails.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -73,6 +74,16 @@ def stop(process):
 def run(command, *, timeout, env=None, cwd=HERE):
     """Runs `command` to its end; returns a `subprocess.CompletedProcess`."""
     return finish(start(command, env=env, cwd=cwd), timeout)
+
+
+def json_written(command, out, *, timeout):
+    """Runs `command`, a child that writes JSON to `out`; returns what it
+    wrote, or `{"error": the end of its stderr}` when it fails."""
+    result = run(command, timeout=timeout)
+    if result.returncode:
+        return {"error": result.stderr[-3000:]}
+    with open(out) as f:
+        return json.load(f)
 
 
 def output(result):
