@@ -202,8 +202,7 @@ def _with_rows_before(value, before, rank, dtype):
         value = tf.convert_to_tensor(value, dtype=dtype)
     rows = tf.shape(value)[0]
     before = tf.where(tf.equal(rows, 1), tf.zeros_like(before), before)
-    ones = tf.ones(tf.concat([[before], tf.shape(value)[1:]], 0), value.dtype)
-    return tf.concat([ones, value], 0)
+    return _rows_in_front(value, before, fill=1)
 
 
 def categorical_as_one_device(original):
@@ -218,7 +217,7 @@ def categorical_as_one_device(original):
         logits = tf.convert_to_tensor(logits)
         rows = _static(logits.shape[0])
         before = _rows_before(tf.shape(logits)[0] if rows is None else rows)
-        wider = tf.pad(logits, [[before, 0], [0, 0]])
+        wider = _rows_in_front(logits, before)
         return original(wider, num_samples, dtype=dtype, seed=seed)[before:]
 
     return categorical
@@ -342,13 +341,19 @@ def dropout_as_one_device(original):
         if noise_shape is not None and noise_shape[0] is not None:
             rows = noise_shape[0]
         before = _rows_before(rows)
-        padding = [[before, 0]] + [[0, 0]] * (rank - 1)
-        wider = tf.pad(inputs, padding)
+        wider = _rows_in_front(inputs, before)
         if noise_shape is not None and noise_shape[0] is not None:
             noise_shape = (rows + before, *noise_shape[1:])
         return original(wider, rate, noise_shape=noise_shape, seed=seed)[before:]
 
     return dropout
+
+
+def _rows_in_front(value, before, fill=0):
+    """`value` with `before` rows of `fill` in front of its first axis: the
+    rows of the replicas before this one, drawn for and dropped after."""
+    padding = [[before, 0]] + [[0, 0]] * (value.shape.rank - 1)
+    return tf.pad(value, padding, constant_values=fill)
 
 
 def _first(shape, shape_tensor):
