@@ -23,6 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
+from keras_ctl._lookups import agreed
+from keras_ctl._lookups import looked_up_once_a_batch
 from keras_ctl.distribute import topology
 
 # This thread's `Reading` while code of the user's own (a `train_step`,
@@ -361,7 +363,9 @@ def sum_across_replicas(
 
     One collective for everything (a round trip between workers):
     `tf.distribute` packs the values of one all-reduce together. `None`
-    gradients (variables the loss does not reach) stay `None`.
+    gradients (variables the loss does not reach) stay `None`. A sparse
+    gradient of a table looked up once a batch is summed slice by slice,
+    one slice a position as on one device (`_lookups`).
 
     Inside `read_as_batch_losses` (a step of the user's own), each
     gradient is weighed by the replica's fraction of the global batch
@@ -389,10 +393,20 @@ def sum_across_replicas(
     else:
         dtype = _dense_dtype(present)
         counts_as = [tf.cast(c, dtype) for c in counts]
+        once = [
+            isinstance(g, tf.IndexedSlices) and looked_up_once_a_batch(g.indices)
+            for g in present
+        ]
+        if any(isinstance(g, tf.IndexedSlices) for g in present):
+            once = agreed(once)
         reduced = tf.distribute.get_replica_context().all_reduce(
-            "SUM", present + counts_as
+            "SUM",
+            [g.values if o else g for g, o in zip(present, once)] + counts_as,
         )
-        summed = reduced[: len(present)]
+        summed = [
+            tf.IndexedSlices(r, g.indices, g.dense_shape) if o else r
+            for r, g, o in zip(reduced, present, once)
+        ]
         summed_counts = [
             tf.cast(c, original.dtype)
             for c, original in zip(reduced[len(present) :], counts)

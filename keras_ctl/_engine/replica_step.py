@@ -160,6 +160,7 @@ class ReplicaStep:
         with (
             _keras.replica_step(trace.written, trace.stands_for_trace),
             _random_rows_as_one_device(data, self.draws_as_one_device),
+            _keras.eager_ops_noted(data),
         ):
             with _keras.results_noted(self.parts.metrics()) as noted:
                 if self.parts.reads_as_one_device:

@@ -2,9 +2,10 @@
 
 Everything else in keras_ctl uses public Keras only, and this package
 imports nothing of keras_ctl but the replica arithmetic below it
-(`keras_ctl._replicas`). Each accessor says why no public hook does the
-job. Every private name is looked up through `names`, which fails with an
-error naming it and the Keras versions checked when Keras moves it; its
+(`keras_ctl._replicas`, `keras_ctl._lookups`). Each accessor says why no
+public hook does the job. Every private name is looked up through
+`names`, which fails with an error naming it and the Keras versions
+checked when Keras moves it; its
 inventory is read off the source (`names.inventory()`), and a test checks
 each name against the installed Keras. Every change of Keras behaviour is
 one row of `replacements.REPLACEMENTS`, in place only while a keras_ctl
@@ -18,7 +19,8 @@ Modules: `names` (private lookups), `access` (plain accessors), `models`
 (building from shapes, pickling, registration), `optimizers`, `losses`,
 `layers`, `variables`, `metrics` (the replaced behaviours, by what they
 change; `metrics` also notes which logged values are metric results),
-`state` (the replica step's thread record), `replacements` (the table,
+`state` (the replica step's thread record), `eager_ops` (the ops an
+eager replica step runs, noted for `_lookups`), `replacements` (the table,
 `in_effect` and `replica_step`), `iterators` (distributed iterators
 opened on first use, counting the batches they have left).
 """
@@ -40,6 +42,7 @@ from keras_ctl._keras.access import set_initial_epoch
 from keras_ctl._keras.access import strategy_of_variable
 from keras_ctl._keras.access import user_compute_loss
 from keras_ctl._keras.access import user_loss
+from keras_ctl._keras.eager_ops import eager_ops_noted
 from keras_ctl._keras.losses import LossParts
 from keras_ctl._keras.losses import examples_of_batch
 from keras_ctl._keras.losses import rows_of_global_batch
@@ -80,6 +83,7 @@ functional_init_arguments = names.member(
 )
 
 __all__ = [
+    "eager_ops_noted",
     "EmaAfterStep",
     "Functional",
     "KerasInternalMissing",

@@ -14,6 +14,7 @@ LAYERS = [
         "ground",
         (
             "_replicas",
+            "_lookups",
             "distribute",
             "_checks",
             "_compat",

@@ -54,6 +54,11 @@ EXACT = (
     "melgan",
     "gan_ada",
     "deit",
+    # Each looks a position table up once a batch (`emb(range(T))`), its
+    # sparse gradient summed position by position as one device has it.
+    "masked_image_modeling",
+    "transformer_asr",
+    "image_captioning",
 )
 # Ported and left out: keras.io's forward-forward (a metric's result read
 # inside the step and added to a variable: each replica's own state) and
@@ -64,13 +69,7 @@ EXACT = (
 # 3 replicas its last batch (1, 0 and 0 examples) stops on a shape mismatch
 # between the collectives of its two synchronized BatchNorm layers (12
 # values against 9), not yet explained; as written, a replica without
-# examples divides by its batch size, 0. The masked image model, the
-# speech transformer and image captioning run as written but are not
-# exact: each looks a position table up once a batch (`emb(range(T))`), so
-# one device's sparse gradient of that table has one slice a position and
-# the replicas' summed gradient one a position and replica, which Keras's
-# sparse Adam squares apart (2e-4 to 9e-3 off); with that lookup dense,
-# each equals one device (float64, 2.2e-15 on 3 replicas). Left out:
+# examples divides by its batch size, 0. Left out:
 # RealNVP needs TensorFlow Probability, not installed here.
 # Run as written under replicas, with their own randomness. As written,
 # Barlow Twins', SimCLR's and AdaMatch's losses couple the examples of the
@@ -175,9 +174,20 @@ def tolerance(name, dtype):
 
 
 # The longest examples (30 s or more for one check: four models traced,
-# or a U-Net, MelGAN's three-scale critic, a teacher): `.ci/keras_io.py`
-# runs them; the suite, which must stay within its time, does not.
-LONGEST = ("cyclegan", "ddpm", "melgan", "deit", "gan_ada")
+# or a U-Net, MelGAN's three-scale critic, a teacher, a transformer):
+# `.ci/keras_io.py` runs them; the suite, which must stay within its time,
+# does not (`tests/models/table_lookups_test.py` holds the transformers'
+# position tables).
+LONGEST = (
+    "cyclegan",
+    "ddpm",
+    "melgan",
+    "deit",
+    "gan_ada",
+    "masked_image_modeling",
+    "transformer_asr",
+    "image_captioning",
+)
 
 
 def in_suite(replicas):

@@ -35,14 +35,11 @@ the steps are declared `keras_ctl.written_in_shares` (the global loss's
 gradient is this replica's share; every replica logs the global values);
 as written they are read as one device's code.
 
-Not one device's in parity mode (float64, 2 replicas: 2.3e-4), from
-keras_ctl, not the example: `PositionalEmbedding` looks its position
-embedding up once for the whole batch (`self.position_embeddings(
-positions)`), so one device's sparse gradient of that table has one slice
-a position and the replicas' summed gradient one a position and replica,
-which Keras's sparse Adam squares apart. With that lookup dense (a one-hot
-matmul) parity mode equals one device (1.9e-15); as published (the
-replica's own token counts, the same dense lookup) it differs by 1.7e-3.
+`PositionalEmbedding` looks its position embedding up once for the whole
+batch (`self.position_embeddings(positions)`); keras_ctl sums that table's
+sparse gradient position by position, as one device has it, so under
+Keras's sparse Adam parity mode equals one device (float64, 2 replicas:
+1.1e-15). As published (the replica's own token counts) it differs.
 """
 
 import keras

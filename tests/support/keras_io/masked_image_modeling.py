@@ -28,13 +28,11 @@ On a replica without examples keras_ctl runs a layer called by a step of
 one's own on a placeholder row; the layers that take the data's draws give
 it a row of zeros (`fitted`).
 
-Not one device's in parity mode (float64, 2 replicas: 7.8e-3), from
-keras_ctl, not the example: `PatchEncoder` looks its position embedding up
-once for the whole batch (`self.position_embedding(positions[None, ...])`,
-then tiled), so one device's sparse gradient of that table has one slice a
-position and the replicas' summed gradient one a position and replica,
-which Keras's sparse Adam squares apart. With that lookup dense (a one-hot
-matmul) parity mode equals one device (3.1e-16).
+`PatchEncoder` looks its position embedding up once for the whole batch
+(`self.position_embedding(positions[None, ...])`, then tiled); keras_ctl
+sums that table's sparse gradient position by position, as one device has
+it, so under Keras's sparse Adam parity mode equals one device (float64,
+2 replicas: 3.1e-16).
 """
 
 import keras

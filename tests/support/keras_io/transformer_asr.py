@@ -17,14 +17,10 @@ target tokens of a 10-token vocabulary, 8 hidden units, 16 feed-forward,
 up over 2 epochs of 3 steps (published: 15 epochs of `len(ds)` steps), so
 the 2 epochs train at 1e-5 then 1e-3; no `DisplayOutputs` callback.
 
-Not one device's under replicas (float64, 2 replicas: 5.8e-3), from
-keras_ctl, not the example: `TokenEmbedding` looks its position embedding
-up once for the whole batch (`self.pos_emb(tf.range(maxlen))`), so one
-device's sparse gradient of that table has one slice a position and the
-replicas' summed gradient one a position and replica, which Keras's sparse
-Adam squares apart (its second moment gets the sum of the slices' squares,
-not the square of their sum). With that lookup dense (a one-hot matmul)
-the example equals one device (4.5e-15).
+`TokenEmbedding` looks its position embedding up once for the whole batch
+(`self.pos_emb(tf.range(maxlen))`); keras_ctl sums that table's sparse
+gradient position by position, as one device has it, so under Keras's
+sparse Adam the example equals one device (float64, 2 replicas: 4.5e-15).
 """
 
 import keras
