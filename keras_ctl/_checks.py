@@ -72,10 +72,13 @@ def made_in_scope(model, created_under, strategy_of):
             what = f"The optimizer {optimizer.name!r} was"
             created.append((what, "the optimizer", optimizer.variables))
     # The model's strategy; a model created without one trains under its
-    # optimizer's (Keras takes the current strategy then).
+    # optimizer's, or the strategy whose scope it is compiled or trained
+    # in (Keras takes the current strategy then).
     strategy = created_under or next(
         (strategy_of(v) for v in created[-1][2] if strategy_of(v)), None
     )
+    if strategy is None and model.compiled and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
     if strategy is None:
         return
     current = tf.distribute.get_strategy()

@@ -177,8 +177,7 @@ REPLACEMENTS = (
         lambda: names.module("keras.src.backend.tensorflow.image"),
         "elastic_transform",
         random.image_draw_refused_as_one_device,
-        "it draws with TensorFlow's own random ops, which no Keras hook "
-        "reaches",
+        "it draws with TensorFlow's own random ops, which no Keras hook reaches",
     ),
     Replacement(
         _tf_random,

@@ -810,6 +810,30 @@ def test_an_object_created_outside_the_strategy_scope_is_named(outside):
         np.testing.assert_array_equal(w.numpy(), b)
 
 
+@pytest.mark.parametrize("trained_first", [False, True], ids=["compiled", "trained"])
+def test_a_model_made_outside_every_scope_and_fit_inside_one_is_named(trained_first):
+    """Built and compiled with no strategy (and maybe trained on one
+    device), then fit inside a strategy's scope: TensorFlow's bare "Mixing
+    different tf.distribute.Strategy objects" or "Must not nest" before."""
+    x, y = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+    model = functional()
+    model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
+    if trained_first:
+        model.fit(x, y, batch_size=4, verbose=0)
+    before = [w.numpy() for w in model.weights]
+    with (
+        devices.get("mirrored").scope(),
+        pytest.raises(
+            ValueError,
+            match=r"The model's weights were created outside `strategy.scope\(\)` "
+            r"of the MirroredStrategy.*Create the model inside",
+        ),
+    ):
+        model.fit(x, y, batch_size=4, verbose=0)
+    for w, b in zip(model.weights, before, strict=True):
+        np.testing.assert_array_equal(w.numpy(), b)
+
+
 class CountedMSE(keras.losses.MeanSquaredError):
     """Counts its calls (each one runs Python: the step runs eagerly)."""
 
