@@ -77,6 +77,79 @@ def looked_up_once_a_batch(indices: tf.Tensor) -> bool:
     return True
 
 
+def lookups(indices: tf.Tensor) -> list[tuple[tf.Tensor, bool]]:
+    """The indices of each lookup a sparse gradient holds, with whether it
+    is once a batch: TensorFlow puts the slices of a table looked up
+    several times together (a concatenation), and a table can be looked up
+    for the examples and once a batch in one step."""
+    if looked_up_once_a_batch(indices):
+        return [(indices, True)]
+    parts = _concatenated(indices)
+    if parts is None:
+        return [(indices, False)]
+    return [found for part in parts for found in lookups(part)]
+
+
+def _concatenated(tensor: tf.Tensor) -> list[tf.Tensor] | None:
+    """The rows `tensor` concatenates (along axis 0), or `None`."""
+    if tf.executing_eagerly():
+        notes = getattr(_eager, "notes", None)
+        return None if notes is None else notes.parts(tensor)
+    op = tensor.op
+    if op.type != "ConcatV2" or tf.get_static_value(op.inputs[-1]) != 0:
+        return None
+    return list(op.inputs[:-1])
+
+
+class SparseSum:
+    """A gradient as the pieces its sum across replicas reduces (`pieces`,
+    one all-reduce with the step's others) and put back (`assembled`): a
+    dense gradient whole; a sparse one's lookups once a batch as their
+    values, summed position by position; its other lookups as slices,
+    which `tf.distribute` puts together across replicas."""
+
+    def __init__(self, gradient: Any) -> None:
+        self.gradient = gradient
+        self.sparse = isinstance(gradient, tf.IndexedSlices)
+        found = lookups(gradient.indices) if self.sparse else []
+        self._indices = [indices for indices, _ in found]
+        # Each lookup's decision, in order; the replicas agree on them.
+        self.once = [once for _, once in found]
+
+    def pieces(self) -> list[Any]:
+        g = self.gradient
+        if not any(self.once):
+            return [g]
+        if all(self.once):
+            return [g.values]
+        parts = list(zip(self._indices, self.once))
+        values = tf.split(g.values, tf.stack([tf.shape(i)[0] for i in self._indices]))
+        once = [v for v, (_, o) in zip(values, parts) if o]
+        other = [(v, i) for v, (i, o) in zip(values, parts) if not o]
+        return [
+            tf.concat(once, 0),
+            tf.IndexedSlices(
+                tf.concat([v for v, _ in other], 0),
+                tf.concat([i for _, i in other], 0),
+                g.dense_shape,
+            ),
+        ]
+
+    def assembled(self, reduced: list[Any]) -> Any:
+        g = self.gradient
+        if not any(self.once):
+            return reduced[0]
+        if all(self.once):
+            return tf.IndexedSlices(reduced[0], g.indices, g.dense_shape)
+        once_indices = [i for i, o in zip(self._indices, self.once) if o]
+        summed, other = reduced
+        return tf.IndexedSlices(
+            tf.concat([summed, other.values], 0),
+            tf.concat([*once_indices, other.indices], 0),
+            g.dense_shape,
+        )
+
+
 def _reads_examples(op_type: str, stateful: bool) -> bool:
     """Whether an op's outputs may differ between replicas whatever its
     inputs: the examples, a random draw, a stateful op other than a read."""
@@ -109,6 +182,7 @@ class EagerNotes:
     def __init__(self, examples: Sequence[Any]) -> None:
         self._following = {id(t): t for t in examples if tf.is_tensor(t)}
         self._shapes: dict[int, tf.Tensor] = {}
+        self._concatenated: dict[int, tuple[tf.Tensor, list[tf.Tensor]]] = {}
 
     def note(
         self,
@@ -121,6 +195,8 @@ class EagerNotes:
         """Notes one op that ran."""
         if op_type == "Shape":
             self._shapes.update((id(o), o) for o in outputs)
+        if op_type == "ConcatV2":
+            self._concatenated[id(outputs[0])] = (outputs[0], list(inputs[:-1]))
         shape = self._shapes.get(id(inputs[0])) if inputs else None
         if op_type == "StridedSlice" and _one_dimension_not_examples(
             shape, inputs[1], attrs.get("shrink_axis_mask", 0)
@@ -132,6 +208,11 @@ class EagerNotes:
     def follows(self, tensor: tf.Tensor) -> bool:
         """Whether `tensor` was computed from the examples."""
         return id(tensor) in self._following
+
+    def parts(self, tensor: tf.Tensor) -> list[tf.Tensor] | None:
+        """The tensors `tensor` concatenates, or `None`."""
+        entry = self._concatenated.get(id(tensor))
+        return None if entry is None else entry[1]
 
 
 @contextlib.contextmanager

@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
+from keras_ctl._lookups import SparseSum
 from keras_ctl._lookups import agreed
-from keras_ctl._lookups import looked_up_once_a_batch
 from keras_ctl.distribute import topology
 
 # This thread's `Reading` while code of the user's own (a `train_step`,
@@ -393,23 +393,21 @@ def sum_across_replicas(
     else:
         dtype = _dense_dtype(present)
         counts_as = [tf.cast(c, dtype) for c in counts]
-        once = [
-            isinstance(g, tf.IndexedSlices) and looked_up_once_a_batch(g.indices)
-            for g in present
-        ]
-        if any(isinstance(g, tf.IndexedSlices) for g in present):
-            once = agreed(once)
+        parts = [SparseSum(g) for g in present]
+        if any(part.sparse for part in parts):
+            votes = iter(agreed([o for part in parts for o in part.once]))
+            for part in parts:
+                part.once = [next(votes) for _ in part.once]
+        pieces = [part.pieces() for part in parts]
         reduced = tf.distribute.get_replica_context().all_reduce(
-            "SUM",
-            [g.values if o else g for g, o in zip(present, once)] + counts_as,
+            "SUM", [p for ps in pieces for p in ps] + counts_as
         )
+        rest = iter(reduced)
         summed = [
-            tf.IndexedSlices(r, g.indices, g.dense_shape) if o else r
-            for r, g, o in zip(reduced, present, once)
+            part.assembled([next(rest) for _ in ps]) for part, ps in zip(parts, pieces)
         ]
         summed_counts = [
-            tf.cast(c, original.dtype)
-            for c, original in zip(reduced[len(present) :], counts)
+            tf.cast(c, original.dtype) for c, original in zip(rest, counts)
         ]
     sums = iter(summed)
     return [None if g is None else next(sums) for g in gradients], summed_counts

@@ -2,7 +2,7 @@
 gets one device's sparse gradient under 2 replicas: one slice a position,
 summed across replicas, so Keras's sparse Adam (which squares each slice
 apart) equals one device; tables looked up for the examples keep their
-slice a lookup. Decided from the traced graph: static and dynamic sequence
+slice a lookup, and a table looked up both ways gets both. Decided from the traced graph: static and dynamic sequence
 lengths, the default step, a step of one's own (traced, and eager on its
 first step) and `run_eagerly=True`, an empty replica
 (19 rows in batches of 8: the last splits 3/0), float64."""
@@ -23,7 +23,8 @@ ROWS, BATCH, LENGTH, VOCABULARY = 19, 8, 5, 11
 
 
 class TokensAndPositions(layers.Layer):
-    """A token table looked up for the examples, a position table once."""
+    """A token table looked up for the examples and once a batch (a
+    class token), a position table once a batch."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -31,7 +32,8 @@ class TokensAndPositions(layers.Layer):
         self.positions = layers.Embedding(LENGTH, 4)
 
     def call(self, x):
-        return self.tokens(x) + self.positions(ops.arange(ops.shape(x)[-1]))
+        positions = self.positions(ops.arange(ops.shape(x)[-1]))
+        return self.tokens(x) + positions + self.tokens(ops.zeros([1], "int32"))
 
 
 class OwnStep:
