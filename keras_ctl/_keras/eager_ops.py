@@ -50,13 +50,16 @@ def eager_ops_noted(examples: Any) -> Iterator[None]:
                 bool(op_def is not None and op_def.is_stateful),
             )
 
-    callbacks = "tensorflow.python.framework.op_callbacks"
-    names.member(callbacks, "add_op_callback")(callback)
+    names.member("tensorflow.python.framework.op_callbacks", "add_op_callback")(
+        callback
+    )
     try:
         with noting(notes):
             yield
     finally:
-        names.member(callbacks, "remove_op_callback")(callback)
+        names.member("tensorflow.python.framework.op_callbacks", "remove_op_callback")(
+            callback
+        )
 
 
 def _text(name: str | bytes) -> str:
