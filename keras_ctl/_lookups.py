@@ -152,10 +152,12 @@ class SparseSum:
 
 def _reads_examples(op_type: str, stateful: bool) -> bool:
     """Whether an op's outputs may differ between replicas whatever its
-    inputs: the examples, a random draw, a stateful op other than a read."""
+    inputs: the examples, a random draw (stateless ones too: their seeds
+    may be the replica's), a stateful op other than a read, a branch."""
     return (
         op_type in _EXAMPLES
         or "Random" in op_type
+        or op_type.startswith("Stateless")
         or (stateful and op_type not in _READS)
     )
 
@@ -195,7 +197,7 @@ class EagerNotes:
         """Notes one op that ran."""
         if op_type == "Shape":
             self._shapes.update((id(o), o) for o in outputs)
-        if op_type == "ConcatV2":
+        if op_type == "ConcatV2" and int(inputs[-1]) == 0:
             self._concatenated[id(outputs[0])] = (outputs[0], list(inputs[:-1]))
         shape = self._shapes.get(id(inputs[0])) if inputs else None
         if op_type == "StridedSlice" and _one_dimension_not_examples(

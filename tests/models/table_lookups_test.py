@@ -2,9 +2,10 @@
 gets one device's sparse gradient under 2 replicas: one slice a position,
 summed across replicas, so Keras's sparse Adam (which squares each slice
 apart) equals one device; tables looked up for the examples keep their
-slice a lookup, and a table looked up both ways gets both. Decided from the traced graph: static and dynamic sequence
-lengths, the default step, a step of one's own (traced, and eager on its
-first step) and `run_eagerly=True`, an empty replica
+slice a lookup, and a table looked up both ways gets both. Decided from
+the traced graph, or from the ops as an eager step runs them: static and
+dynamic sequence lengths, the default step, a step of one's own (traced,
+and eager on its first step) and `run_eagerly=True`, an empty replica
 (19 rows in batches of 8: the last splits 3/0), float64."""
 
 import configurations
@@ -117,6 +118,10 @@ def test_a_position_table_under_adam_equals_one_device(step, dynamic_length):
         (lambda x: tf.range(tf.size(x)), False),
         (lambda x: tf.reshape(x, [-1]), False),
         (lambda x: tf.random.uniform([5], 0, 5, tf.int32), False),
+        (
+            lambda x: tf.random.experimental.stateless_shuffle(tf.range(5), [1, 2]),
+            False,
+        ),
     ],
     ids=[
         "constant",
@@ -126,6 +131,7 @@ def test_a_position_table_under_adam_equals_one_device(step, dynamic_length):
         "size",
         "tokens",
         "random",
+        "stateless_shuffle",
     ],
 )
 def test_indices_are_once_a_batch_only_without_the_examples(indices, once):
