@@ -793,19 +793,26 @@ def test_an_object_created_outside_the_strategy_scope_is_named(outside):
     with strategy.scope():
         model = model or functional()
         model.compile(optimizer=optimizer or keras.optimizers.SGD(), loss="mse")
-    before = [w.numpy() for w in model.weights]
     what = (
         "The optimizer 'outside' was"
         if outside == "optimizer"
         else "The model's weights were"
     )
-    with pytest.raises(
-        ValueError,
-        match=rf"{what} created outside `strategy.scope\(\)` of the MirroredStrategy"
+    refused_untouched(
+        model,
+        x,
+        y,
+        rf"{what} created outside `strategy.scope\(\)` of the MirroredStrategy"
         rf".*Create the {outside} inside `with strategy.scope\(\):`",
-    ):
+    )
+
+
+def refused_untouched(model, x, y, match):
+    """`fit` stops with a `ValueError` matching `match`, before any step:
+    nothing the user had changed."""
+    before = [w.numpy() for w in model.weights]
+    with pytest.raises(ValueError, match=match):
         model.fit(x, y, batch_size=4, verbose=0)
-    # Nothing the user had changed.
     for w, b in zip(model.weights, before, strict=True):
         np.testing.assert_array_equal(w.numpy(), b)
 
@@ -820,18 +827,14 @@ def test_a_model_made_outside_every_scope_and_fit_inside_one_is_named(trained_fi
     model.compile(optimizer=keras.optimizers.SGD(), loss="mse")
     if trained_first:
         model.fit(x, y, batch_size=4, verbose=0)
-    before = [w.numpy() for w in model.weights]
-    with (
-        devices.get("mirrored").scope(),
-        pytest.raises(
-            ValueError,
-            match=r"The model's weights were created outside `strategy.scope\(\)` "
+    with devices.get("mirrored").scope():
+        refused_untouched(
+            model,
+            x,
+            y,
+            r"The model's weights were created outside `strategy.scope\(\)` "
             r"of the MirroredStrategy.*Create the model inside",
-        ),
-    ):
-        model.fit(x, y, batch_size=4, verbose=0)
-    for w, b in zip(model.weights, before, strict=True):
-        np.testing.assert_array_equal(w.numpy(), b)
+        )
 
 
 class CountedMSE(keras.losses.MeanSquaredError):
