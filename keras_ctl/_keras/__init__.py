@@ -83,7 +83,6 @@ functional_init_arguments = names.member(
 )
 
 __all__ = [
-    "eager_ops_noted",
     "EmaAfterStep",
     "Functional",
     "KerasInternalMissing",
@@ -102,6 +101,7 @@ __all__ = [
     "count_micro_batch",
     "count_only_real_examples",
     "draw_rows_as_one_device",
+    "eager_ops_noted",
     "end_epoch_early",
     "examples_of_batch",
     "functional_init_arguments",
