@@ -2,11 +2,14 @@
 
 A traced step's graph says which tensors follow the batch's examples
 (`keras_ctl._lookups`); an eager step has none, and no public hook lists
-the ops it runs. TensorFlow's op callbacks do (thread-local: each replica
-thread notes its own), in place only while the step runs.
+the ops it runs. TensorFlow's op callbacks do, in place only while the
+step runs. `MirroredStrategy` hands its replica threads the caller's list
+of callbacks (one list for all of them), so each replica's callback notes
+only the ops of its own thread.
 """
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +32,7 @@ def eager_ops_noted(examples: Any) -> Iterator[None]:
         yield
         return
     notes = EagerNotes(tree.flatten(examples))
+    thread = threading.get_ident()
     registry = names.module("tensorflow.python.framework.op_def_registry")
 
     def callback(
@@ -39,7 +43,8 @@ def eager_ops_noted(examples: Any) -> Iterator[None]:
         op_name: Any = None,
         graph: Any = None,
     ) -> None:
-        if graph is None:  # ran eagerly (a function traced within is one op)
+        # Ran eagerly (a function traced within is one op), by this replica.
+        if graph is None and threading.get_ident() == thread:
             op_type = _text(op_type)
             op_def = registry.get(op_type)
             notes.note(
