@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from keras import layers
 from keras import ops
+from tensorflow.python.eager import context
 
 import keras_ctl
 from keras_ctl._lookups import looked_up_once_a_batch
@@ -146,3 +147,39 @@ def test_indices_are_once_a_batch_only_without_the_examples(indices, once):
     step(iter(dataset))
     assert found == [once]
     assert not looked_up_once_a_batch(tf.range(5))  # eager: nothing to read
+
+
+class FailingAfterItsStep(keras_ctl.CTLModel):
+    def train_step(self, data):
+        super().train_step(data)
+        raise RuntimeError("after the step")
+
+
+class CountingCallbacks(keras.Model):
+    found = []
+
+    def train_step(self, data):
+        self.found.append(len(context.context().op_callbacks))
+        return super().train_step(data)
+
+
+def test_an_eager_step_leaves_no_op_callback_even_when_it_raises():
+    """The eager step's op callbacks (`_keras.eager_ops`) are gone when
+    the call ends, by an exception too: a plain `keras.Model` stepping
+    eagerly under the same strategy afterwards runs with none."""
+    x = np.arange(32, dtype="int32").reshape(8, 4) % VOCABULARY
+    y = np.zeros((8, 1), "float32")
+    strategy = devices.get("mirrored")
+    for model_class in (FailingAfterItsStep, CountingCallbacks):
+        with strategy.scope():
+            inputs = keras.Input((4,), dtype="int32")
+            hidden = layers.Flatten()(layers.Embedding(VOCABULARY, 2)(inputs))
+            model = model_class(inputs, layers.Dense(1)(hidden))
+            model.compile("adam", "mse", run_eagerly=True)
+        if model_class is FailingAfterItsStep:
+            with pytest.raises(RuntimeError, match="after the step"):
+                model.fit(x, y, batch_size=4, verbose=0)
+        else:
+            model.fit(x, y, batch_size=4, verbose=0)
+    assert CountingCallbacks.found == [0] * 4  # 2 steps, 2 replicas
+    assert context.context().op_callbacks == []
