@@ -137,7 +137,7 @@ def test_bench_writes_tables_and_a_chart(tmp_path):
             "--out",
             str(tmp_path),
         ],
-        timeout=300,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "benchmark.md").read_text().splitlines()
