@@ -9,72 +9,28 @@ summed that way; Keras's sparse optimizers (Adam squares each slice apart)
 then differ from one device. Such a gradient's values are summed across
 replicas instead, as a dense tensor: one slice a position, as on one device.
 
-Which of the two a gradient is, is read from the traced graph: its indices
-follow the batch when any op they come from reads the input pipeline (or a
-value this step cannot see through: a function argument, a random or
-stateful op, a branch). A shape follows what its tensor follows, but one
-dimension of it other than 0 (the examples', keras_ctl's convention for
-rows everywhere) is the same on every replica: a sequence's length.
-Anything unknown counts as following the batch, which is how every sparse
-gradient was summed before.
-
-A step that runs eagerly has no graph: there, the ops this thread runs
-are noted as they run (`EagerNotes`, which the seam feeds from
-TensorFlow's op callbacks), under the same rules, and the replicas agree
-on the decision before they sum (`agreed`).
+Which of the two a lookup is, is whether its indices follow the examples
+(`_example_dependence`, read from what runs). Anything unknown counts as
+following them, which is how every sparse gradient was summed before. In
+a step that runs eagerly each replica decides apart, so the replicas
+agree on the decision before they sum (`agreed`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
-from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
-# Ops whose outputs are the input pipeline's examples.
-_EXAMPLES = frozenset(
-    {
-        "IteratorGetNext",
-        "IteratorGetNextSync",
-        "OptionalGetValue",
-        "IteratorGetNextAsOptional",
-    }
-)
-# Stateful ops that read a variable's value, the same on every replica.
-_READS = frozenset({"ReadVariableOp", "VarHandleOp"})
-# This thread's `EagerNotes` while an eager replica step runs.
-_eager = threading.local()
+from keras_ctl._example_dependence import current_notes
+from keras_ctl._example_dependence import follows_the_examples
 
 
 def looked_up_once_a_batch(indices: tf.Tensor) -> bool:
     """Whether the gradient slices' `indices` are the same on every replica,
     whatever examples each replica has: computed from constants, variables
     and the batch's dimensions other than the number of examples."""
-    if tf.executing_eagerly():
-        notes = getattr(_eager, "notes", None)
-        return notes is not None and not notes.follows(indices)
-    seen: set[str] = set()
-    pending = [indices]
-    while pending:
-        op = pending.pop().op
-        if op.name in seen:
-            continue
-        seen.add(op.name)
-        if _reads_examples(op.type, op.op_def.is_stateful) or (
-            op.type == "Placeholder" and op.outputs[0].dtype != tf.resource
-        ):
-            return False
-        if op.type == "StridedSlice" and _one_dimension_not_examples(
-            op.inputs[0] if op.inputs[0].op.type == "Shape" else None,
-            op.inputs[1],
-            op.get_attr("shrink_axis_mask"),
-        ):
-            continue
-        pending.extend(op.inputs)
-    return True
+    return not follows_the_examples(indices)
 
 
 def lookups(indices: tf.Tensor) -> list[tuple[tf.Tensor, bool]]:
@@ -93,7 +49,7 @@ def lookups(indices: tf.Tensor) -> list[tuple[tf.Tensor, bool]]:
 def _concatenated(tensor: tf.Tensor) -> list[tf.Tensor] | None:
     """The rows `tensor` concatenates (along axis 0), or `None`."""
     if tf.executing_eagerly():
-        notes = getattr(_eager, "notes", None)
+        notes = current_notes()
         return None if notes is None else notes.parts(tensor)
     op = tensor.op
     if op.type != "ConcatV2" or tf.get_static_value(op.inputs[-1]) != 0:
@@ -148,83 +104,6 @@ class SparseSum:
             tf.concat([*once_indices, other.indices], 0),
             g.dense_shape,
         )
-
-
-def _reads_examples(op_type: str, stateful: bool) -> bool:
-    """Whether an op's outputs may differ between replicas whatever its
-    inputs: the examples, a random draw (stateless ones too: their seeds
-    may be the replica's), a stateful op other than a read, a branch."""
-    return (
-        op_type in _EXAMPLES
-        or "Random" in op_type
-        or op_type.startswith("Stateless")
-        or (stateful and op_type not in _READS)
-    )
-
-
-def _one_dimension_not_examples(
-    shape: tf.Tensor | None, begin: tf.Tensor, shrink_axis_mask: int
-) -> bool:
-    """Whether a `StridedSlice` of `shape` (a `Shape` op's output, else
-    `None`) takes `shape[i]`, `i` a constant other than the examples' 0."""
-    if shape is None or shrink_axis_mask != 1:
-        return False
-    begin = tf.get_static_value(begin)
-    rank = shape.shape.num_elements()
-    if begin is None or not rank or len(begin) != 1:
-        return False
-    return int(begin[0]) % rank != 0
-
-
-class EagerNotes:
-    """The tensors an eager replica step computed from its examples (or
-    from another source `_reads_examples` names), noted op by op as they
-    run; held until the step ends, so that their ids stay theirs."""
-
-    def __init__(self, examples: Sequence[Any]) -> None:
-        self._following = {id(t): t for t in examples if tf.is_tensor(t)}
-        self._shapes: dict[int, tf.Tensor] = {}
-        self._concatenated: dict[int, tuple[tf.Tensor, list[tf.Tensor]]] = {}
-
-    def note(
-        self,
-        op_type: str,
-        inputs: Sequence[tf.Tensor],
-        attrs: dict[str, Any],
-        outputs: Sequence[tf.Tensor],
-        stateful: bool,
-    ) -> None:
-        """Notes one op that ran."""
-        if op_type == "Shape":
-            self._shapes.update((id(o), o) for o in outputs)
-        if op_type == "ConcatV2" and int(inputs[-1]) == 0:
-            self._concatenated[id(outputs[0])] = (outputs[0], list(inputs[:-1]))
-        shape = self._shapes.get(id(inputs[0])) if inputs else None
-        if op_type == "StridedSlice" and _one_dimension_not_examples(
-            shape, inputs[1], attrs.get("shrink_axis_mask", 0)
-        ):
-            return
-        if _reads_examples(op_type, stateful) or any(map(self.follows, inputs)):
-            self._following.update((id(o), o) for o in outputs)
-
-    def follows(self, tensor: tf.Tensor) -> bool:
-        """Whether `tensor` was computed from the examples."""
-        return id(tensor) in self._following
-
-    def parts(self, tensor: tf.Tensor) -> list[tf.Tensor] | None:
-        """The tensors `tensor` concatenates, or `None`."""
-        entry = self._concatenated.get(id(tensor))
-        return None if entry is None else entry[1]
-
-
-@contextlib.contextmanager
-def noting(notes: EagerNotes) -> Iterator[None]:
-    """Within it, `looked_up_once_a_batch` reads `notes` on this thread."""
-    _eager.notes = notes
-    try:
-        yield
-    finally:
-        _eager.notes = None
 
 
 def agreed(once: list[bool]) -> list[bool]:

@@ -145,10 +145,11 @@ def all_gather(values: tf.Tensor) -> tf.Tensor:
     gradients are summed as they are, each replica adds
     `loss / keras_ctl.num_replicas()` instead. Keras
     `Loss` objects with `reduction="sum"` (or `super().compute_loss` with
-    them), and embeddings looked up for gathered rows under an Adam-family
-    optimizer (whose sparse update squares each replica's copy), train as
-    on one device only under `compile(compute_loss_over="global_batch")`,
-    which gathers for you.
+    them) train as on one device only under
+    `compile(compute_loss_over="global_batch")`, which gathers for you. A
+    table looked up for gathered rows (in-batch candidates) is looked up
+    alike on every replica: its sparse gradient is summed position by
+    position, one slice a lookup as on one device.
 
     Args:
         values: A tensor with the batch first (rank >= 1), the same shape

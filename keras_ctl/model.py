@@ -25,6 +25,7 @@ from keras_ctl._engine import metric_updates
 from keras_ctl._engine import parameter_servers
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
+from keras_ctl._engine.batch_statistics import MODES as BATCH_STATISTICS
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import written_in_shares
@@ -359,6 +360,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         gradient_accumulation=(str, "micro_batches"),
         compute_loss_over=(str, "replica_batch"),
         random_draws=(str, "per_replica"),
+        batch_statistics=(str | None, None),
     )
     def compile(
         self,
@@ -366,9 +368,10 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         gradient_accumulation: str = "micro_batches",
         compute_loss_over: str = "replica_batch",
         random_draws: str = "per_replica",
+        batch_statistics: str | None = None,
         **kwargs: Any,
     ) -> None:
-        """`keras.Model.compile`, with three more options.
+        """`keras.Model.compile`, with four more options.
 
         Every other argument is `keras.Model.compile()`'s, with its default.
 
@@ -408,6 +411,20 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 global batch's rows. Refused with `jit_compile=True`
                 under several replicas (XLA draws other numbers than
                 TensorFlow's kernels, and one device with XLA draws XLA's).
+            batch_statistics: What the statistics of a batch that a
+                training step keeps in the model's variables are under
+                several replicas (`BatchNormalization`'s moving statistics,
+                an EMA of the batch): `"global"`: the global batch's, as on
+                one device: the moments of every `BatchNormalization` are
+                synchronized (as `synchronized=True` does, counting only
+                real examples: one all-reduce a layer and step); a value
+                computed from the replica's examples alone and assigned to
+                a weight (a layer's own running mean) is refused with a
+                `ValueError` that names it. `"per_replica"`: each
+                replica's own, as Keras computes them. `None` (default):
+                each replica's own, with a warning that names the
+                variables and both choices, once. Which values are batch
+                statistics is read from the traced step.
 
         Returns:
             `None`.
@@ -428,6 +445,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             ("gradient_accumulation", gradient_accumulation, accumulation.MODES),
             ("compute_loss_over", compute_loss_over, forward.COMPUTE_LOSS_OVER),
             ("random_draws", random_draws, RANDOM_DRAWS),
+            ("batch_statistics", batch_statistics, BATCH_STATISTICS),
         ):
             if value not in choices:
                 raise ValueError(
@@ -437,6 +455,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine.gradient_accumulation = gradient_accumulation
         engine.compute_loss_over = compute_loss_over
         engine.random_draws = random_draws
+        engine.batch_statistics = batch_statistics
+        engine.batch_statistics_warned = False
         engine.logged_metric_names = None
         super().compile(*args, **kwargs)
 
@@ -447,6 +467,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             ("gradient_accumulation", "micro_batches"),
             ("compute_loss_over", "replica_batch"),
             ("random_draws", "per_replica"),
+            ("batch_statistics", None),
         ):
             if config and getattr(engine, name) != default:
                 config[name] = getattr(engine, name)

@@ -301,9 +301,10 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
                 found.append(
                     (f"{type(model).__name__}.{method}", _own(model, method, batch))
                 )
-    as_one_device = engine_state.of(model).draws_as_one_device
+    engine = engine_state.of(model)
+    global_statistics = engine.batch_statistics == "global"
     for layer in _keras.all_layers(model):
-        why = _layer_difference(layer, as_one_device)
+        why = _layer_difference(layer, engine.draws_as_one_device, global_statistics)
         if why:
             found.append((f"{layer.name} ({type(layer).__name__})", why))
     return found
@@ -417,16 +418,21 @@ def _measured_loss(model: keras.Model, batch: Any) -> str | None:
 
 
 def _layer_difference(
-    layer: keras.layers.Layer, draws_as_one_device: bool = False
+    layer: keras.layers.Layer,
+    draws_as_one_device: bool = False,
+    global_statistics: bool = False,
 ) -> str | None:
     import keras
 
-    if isinstance(layer, keras.layers.BatchNormalization) and not getattr(
-        layer, "synchronized", False
+    if (
+        isinstance(layer, keras.layers.BatchNormalization)
+        and not getattr(layer, "synchronized", False)
+        and not global_statistics
     ):
         return (
-            "batch statistics of each replica's examples in training. Pass "
-            "`synchronized=True` for the global batch's."
+            "batch statistics of each replica's examples in training. Compile "
+            'with `batch_statistics="global"` (or pass `synchronized=True` to '
+            "the layer) for the global batch's."
         )
     if hasattr(layer, "seed_generator") and not draws_as_one_device:
         return (

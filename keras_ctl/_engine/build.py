@@ -149,6 +149,7 @@ def _step_function(
             model, "train_step" if training else "test_step"
         ),
         random_as_one_device=training and engine.draws_as_one_device,
+        weights=lambda: model.weights,
         step_name=f"{type(model).__name__}.{'train_step' if training else 'test_step'}",
     )
     return compiled_pass, StepFunction(parts, step, plan, training=training)

@@ -23,6 +23,7 @@ from keras import tree
 
 from keras_ctl import _keras
 from keras_ctl import outputs as outputs_module
+from keras_ctl._engine import batch_statistics
 from keras_ctl._engine import own_step
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._engine.plan import StepPlan
@@ -51,6 +52,8 @@ class StepParts(NamedTuple):
         reads_as_one_device: Whether the step is the user's own, read as
             one device's code (`own_step`).
         step_name: The step as messages name it (`"MyModel.train_step"`).
+        weights: Returns the model's weights, whose batch statistics a
+            training step checks (`batch_statistics`).
         random_as_one_device: Whether Keras's random draws of a batch's
             rows draw one device's numbers for them
             (`compile(random_draws="as_one_device")`).
@@ -64,6 +67,7 @@ class StepParts(NamedTuple):
     reads_as_one_device: bool = False
     random_as_one_device: bool = False
     step_name: str = "the step"
+    weights: Callable[[], list[Any]] = list
 
 
 @dataclasses.dataclass
@@ -157,8 +161,13 @@ class ReplicaStep:
 
     def _replica(self, data: Any, trace: Trace) -> Any:
         data = optionals_to_none(data)
+        replicas = self.strategy.num_replicas_in_sync
+        statistics = self.parts.state.batch_statistics if self.training else None
+        assigned: list[Any] | None = [] if self.training and replicas > 1 else None
         with (
-            _keras.replica_step(trace.written, trace.stands_for_trace),
+            _keras.replica_step(
+                trace.written, trace.stands_for_trace, statistics, assigned
+            ),
             _random_rows_as_one_device(data, self.draws_as_one_device),
             _keras.eager_ops_noted(data),
         ):
@@ -170,6 +179,10 @@ class ReplicaStep:
                 else:
                     outputs = self.step(data)
             trace.results.update(_keras.metric_results_among(outputs, noted))
+            if assigned:
+                weights = self.parts.weights()
+                state = self.parts.state
+                batch_statistics.check(assigned, weights, statistics, state, replicas)
             return outputs
 
     @not_converted

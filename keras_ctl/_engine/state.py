@@ -28,6 +28,10 @@ class EngineState:
             `"replica_batch"` or `"global_batch"`.
         random_draws: `compile(random_draws=...)`: `"per_replica"` or
             `"as_one_device"`.
+        batch_statistics: `compile(batch_statistics=...)`: `None`,
+            `"global"` or `"per_replica"` (`batch_statistics.MODES`).
+        batch_statistics_warned: Whether the model's per-replica batch
+            statistics were warned of since it was compiled.
         accumulation: The train step's gradient accumulation
             (`accumulation.for_model`), or `None`.
         resume_plan: The batches of a resumed epoch to skip, set when a
@@ -50,6 +54,8 @@ class EngineState:
     gradient_accumulation: str = "micro_batches"
     compute_loss_over: str = "replica_batch"
     random_draws: str = "per_replica"
+    batch_statistics: str | None = None
+    batch_statistics_warned: bool = False
     accumulation: GradientAccumulation | None = None
     resume_plan: ResumePlan | None = None
     epochs_to_replay: int | None = None

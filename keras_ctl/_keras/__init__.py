@@ -2,7 +2,7 @@
 
 Everything else in keras_ctl uses public Keras only, and this package
 imports nothing of keras_ctl but the replica arithmetic below it
-(`keras_ctl._replicas`, `keras_ctl._lookups`). Each accessor says why no
+(`keras_ctl._replicas`, `keras_ctl._example_dependence`). Each accessor says why no
 public hook does the job. Every private name is looked up through
 `names`, which fails with an error naming it and the Keras versions
 checked when Keras moves it; its
@@ -20,7 +20,7 @@ Modules: `names` (private lookups), `access` (plain accessors), `models`
 `layers`, `variables`, `metrics` (the replaced behaviours, by what they
 change; `metrics` also notes which logged values are metric results),
 `state` (the replica step's thread record), `eager_ops` (the ops an
-eager replica step runs, noted for `_lookups`), `replacements` (the table,
+eager replica step runs, noted for `_example_dependence`), `replacements` (the table,
 `in_effect` and `replica_step`), `iterators` (distributed iterators
 opened on first use, counting the batches they have left).
 """

@@ -1,7 +1,7 @@
 """The ops an eager replica step runs, noted as they run.
 
 A traced step's graph says which tensors follow the batch's examples
-(`keras_ctl._lookups`); an eager step has none, and no public hook lists
+(`keras_ctl._example_dependence`); an eager step has none, and no public hook lists
 the ops it runs. TensorFlow's op callbacks do, in place only while the
 step runs. `MirroredStrategy` hands its replica threads the caller's list
 of callbacks (one list for all of them), so each replica's callback notes
@@ -16,15 +16,15 @@ from typing import Any
 import tensorflow as tf
 from keras import tree
 
+from keras_ctl._example_dependence import EagerNotes
+from keras_ctl._example_dependence import noting
 from keras_ctl._keras import names
-from keras_ctl._lookups import EagerNotes
-from keras_ctl._lookups import noting
 
 
 @contextlib.contextmanager
 def eager_ops_noted(examples: Any) -> Iterator[None]:
     """Within it, an eager step on several replicas notes which of its
-    tensors follow `examples` (its data), for `_lookups`."""
+    tensors follow `examples` (its data), for `_example_dependence`."""
     if (
         not tf.executing_eagerly()
         or tf.distribute.get_strategy().num_replicas_in_sync == 1

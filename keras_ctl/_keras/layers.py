@@ -51,6 +51,28 @@ def exact_sync_moments(original):
     return compute_moments_sync
 
 
+def moments_over_global_batch(original):
+    """With `compile(batch_statistics="global")`, moments over the examples'
+    axis in a training step under several replicas are the global
+    batch's: every `BatchNormalization` computes them as
+    `synchronized=True` does (`exact_sync_moments`), its moving statistics
+    with them. Moments over other axes (a layer's own normalization) are
+    left alone. Replaces the TensorFlow backend's `nn.moments`, which
+    `keras.ops.moments` calls (checked on Keras 3.15.1).
+    """
+
+    def moments(x, axes, keepdims=False, synchronized=False):
+        if (
+            getattr(_in_step, "batch_statistics", None) == "global"
+            and num_replicas() > 1
+            and 0 in [axis % len(x.shape) for axis in axes]
+        ):
+            synchronized = True
+        return original(x, axes, keepdims, synchronized)
+
+    return moments
+
+
 def layers_of_empty_batches(original):
     """A layer called by a step of one's own on a replica without examples
     computes on one placeholder example of zeros, whose row it drops from

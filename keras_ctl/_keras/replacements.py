@@ -118,6 +118,13 @@ REPLACEMENTS = (
         "synchronized BatchNorm has no hook for its moments' counts",
     ),
     Replacement(
+        _tf_nn,
+        "moments",
+        layers.moments_over_global_batch,
+        "BatchNorm reads `synchronized` from each layer's own attribute; no "
+        "hook makes every layer's batch moments global for one call",
+    ),
+    Replacement(
         lambda: keras.Layer,
         "__call__",
         layers.layers_of_empty_batches,
@@ -364,20 +371,27 @@ def replaced():
 
 
 @contextlib.contextmanager
-def replica_step(written=None, stands_for_trace=False):
+def replica_step(
+    written=None, stands_for_trace=False, batch_statistics=None, assigned=None
+):
     """Within it (in this thread), Keras code called by a replica step is
     exact across replicas: `Loss` objects, synchronized BatchNorm, layers of
     a replica without examples, `optimizer.apply`, and variables that
     workers share or parameter servers shard (`REPLACEMENTS`). The ids of
-    the variables it assigns are added to the set `written`, when given.
+    the variables it assigns are added to the set `written`, when given,
+    and `(variable, value)` to the list `assigned`.
     `stands_for_trace`: the step runs eagerly in place of a traced one, so
     shapes the trace would not know are taken as unknown
-    (`metrics.weighed_by_batch`)."""
+    (`metrics.weighed_by_batch`). `batch_statistics="global"`: moments
+    over the examples' axis are the global batch's
+    (`layers.moments_over_global_batch`)."""
     with in_effect():
         previous = vars(_in_step).copy()
         _in_step.active = True
         _in_step.real_examples = None
         _in_step.written = written
+        _in_step.assigned = assigned
+        _in_step.batch_statistics = batch_statistics
         _in_step.stands_for_trace = stands_for_trace
         try:
             yield

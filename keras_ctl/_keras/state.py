@@ -14,12 +14,15 @@ import tensorflow as tf
 _in_step = threading.local()
 
 
-def record_write(variable: object) -> None:
+def record_write(variable: object, value: object = None) -> None:
     """Notes that this replica step assigns `variable` (see `replica_step`'s
-    `written`)."""
+    `written`), and the tensor `value` it assigns (its `assigned`)."""
     written = getattr(_in_step, "written", None)
     if written is not None:
         written.add(id(variable))
+    assigned = getattr(_in_step, "assigned", None)
+    if assigned is not None and tf.is_tensor(value):
+        assigned.append((variable, value))
 
 
 def count_only_real_examples(batch_size: tf.Tensor) -> None:

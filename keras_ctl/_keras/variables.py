@@ -16,8 +16,9 @@ from keras_ctl.distribute import topology
 
 
 def write_records(original):
-    """A Keras variable assigned in a replica step is noted there
-    (`record_write`): the logs re-read only the metrics a step updated.
+    """A Keras variable assigned in a replica step is noted there, with the
+    value assigned (`record_write`): the logs re-read only the metrics a
+    step updated, and a training step's batch statistics are found.
 
     Replaces `backend.tensorflow.core.Variable._direct_assign`, where every
     Keras `assign`, `assign_add` and `assign_sub` ends (checked on Keras
@@ -25,7 +26,7 @@ def write_records(original):
     """
 
     def direct_assign(self, value):
-        record_write(self)
+        record_write(self, value)
         return original(self, value)
 
     return direct_assign

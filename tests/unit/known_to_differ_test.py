@@ -38,7 +38,7 @@ def test_each_known_difference_is_named_with_what_to_do():
         "drop (Dropout)",
         "noise (GaussianNoise)",
     }
-    assert "synchronized=True" in found["bn (BatchNormalization)"]
+    assert 'batch_statistics="global"' in found["bn (BatchNormalization)"]
     assert 'random_draws="as_one_device"' in found["drop (Dropout)"]
     assert "weight regularizer" in found["active (Dense)"]
 
@@ -48,6 +48,12 @@ def test_random_layers_drawing_as_one_device_are_not_named():
     model.compile(loss="mse", random_draws="as_one_device")
     found = dict(known_to_differ(model))
     assert set(found) == {"active (Dense)", "bn (BatchNormalization)"}
+
+
+def test_batch_norm_compiled_for_global_statistics_is_not_named():
+    model = functional(keras_ctl.CTLModel)
+    model.compile(loss="mse", batch_statistics="global")
+    assert "bn (BatchNormalization)" not in dict(known_to_differ(model))
 
 
 def test_a_plain_keras_model_and_a_step_of_ones_own_are_named():

@@ -14,6 +14,7 @@ LAYERS = [
         "ground",
         (
             "_replicas",
+            "_example_dependence",
             "_lookups",
             "distribute",
             "_checks",
