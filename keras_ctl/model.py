@@ -424,7 +424,9 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 replica's own, as Keras computes them. `None` (default):
                 each replica's own, with a warning that names the
                 variables and both choices, once. Which values are batch
-                statistics is read from the traced step.
+                statistics is read from the traced step. `"global"` is
+                refused with `jit_compile=True` under several replicas
+                (XLA compiles each replica's forward pass apart).
 
         Returns:
             `None`.

@@ -136,6 +136,7 @@ def _step_function(
     plan = StepPlan.for_model(model, compilable)
     if training and model.jit_compile:
         _check_random_draws_with_xla(model)
+        _check_global_statistics_with_xla(model)
     compiled_pass = None
     if plan.xla == "per_replica_pass":
         compiled_pass = forward.CompiledPass(model, training=training)
@@ -177,6 +178,22 @@ def _check_random_draws_with_xla(model: Any) -> None:
         f"jit_compile=True under {replicas} replicas. Pass "
         "jit_compile=False to draw as one device, or random_draws="
         '"per_replica" to keep XLA with each replica\'s own draws.'
+    )
+
+
+def _check_global_statistics_with_xla(model: Any) -> None:
+    """Global batch statistics are an all-reduce inside the forward pass,
+    which XLA compiles apart on each replica (the collectives stay
+    outside it)."""
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if engine_state.of(model).batch_statistics != "global" or replicas == 1:
+        return
+    raise ValueError(
+        'compile(batch_statistics="global") sums each BatchNormalization\'s '
+        "moments across replicas inside the forward pass, which XLA compiles "
+        f"on each replica apart. Received: jit_compile=True under {replicas} "
+        "replicas. Pass jit_compile=False for the global batch's statistics, "
+        'or batch_statistics="per_replica" to keep XLA with each replica\'s.'
     )
 
 

@@ -180,3 +180,14 @@ def test_batch_norm_with_a_mask_is_refused_with_global():
     x = np.arange(32).reshape(8, 4) % 5
     with pytest.raises(ValueError, match="`masked_norm/moving_mean`"):
         model.fit(x, np.ones((8, 1)), batch_size=4, epochs=1, verbose=0)
+
+
+def test_global_statistics_with_xla_under_replicas_are_refused_by_name():
+    with devices.get("mirrored").scope():
+        model = keras_ctl.CTLModel.from_model(residual_net())
+        model.compile("sgd", "mse", jit_compile=True, batch_statistics="global")
+    x, _ = data()
+    with pytest.raises(ValueError) as raised:
+        model.fit(x, np.zeros((ROWS, 3)), batch_size=BATCH, epochs=1, verbose=0)
+    assert "Received: jit_compile=True under 2 replicas" in str(raised.value)
+    assert "jit_compile=False" in str(raised.value)
