@@ -68,8 +68,11 @@ def check(
         f"Under {replicas} replicas, this training step assigns {names} from "
         "each replica's own examples: batch statistics (moving statistics, "
         "an EMA) that one device computes over the global batch. Compile with "
-        'batch_statistics="global" for the global batch\'s (`BatchNormalization` '
-        "then synchronizes its moments: one all-reduce a layer and step), or "
+        'batch_statistics="global" for the global batch\'s: every '
+        "`BatchNormalization` then synchronizes its moments (one all-reduce a "
+        "layer and step), and a statistic of your own must be computed from "
+        "values summed or gathered across replicas (`keras_ctl.all_reduce_sum`, "
+        '`keras_ctl.all_gather`), or it is refused by name. Or compile with '
         'batch_statistics="per_replica" to keep each replica\'s and silence '
         "this warning.",
         stacklevel=2,
