@@ -11,6 +11,7 @@ from the traced step whatever it is spelled as, is refused with
 `"global"`, and is not found when its mean is summed across replicas;
 BatchNorm with a mask (its moments are its own sums) is refused too."""
 
+import functools
 import warnings
 
 import configurations
@@ -65,14 +66,20 @@ def trained(strategy, converted, run_eagerly=False, **options):
     return model.get_weights(), history.history["loss"], said
 
 
+@functools.cache
+def one_device():
+    with configurations.computing_in("float64"):
+        return trained(devices.get("default"), False)
+
+
 def largest_difference(a, b):
     return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
 @pytest.mark.parametrize("run_eagerly", [False, True], ids=["traced", "run_eagerly"])
 def test_global_batch_statistics_equal_one_device(run_eagerly):
+    expected, expected_loss, _ = one_device()
     with configurations.computing_in("float64"):
-        expected, expected_loss, _ = trained(devices.get("default"), False)
         got, loss, said = trained(
             devices.get("mirrored"), True, run_eagerly, batch_statistics="global"
         )
@@ -82,8 +89,8 @@ def test_global_batch_statistics_equal_one_device(run_eagerly):
 
 
 def test_the_default_warns_once_and_per_replica_is_silent_and_differs():
+    expected = one_device()[0]
     with configurations.computing_in("float64"):
-        expected, _, _ = trained(devices.get("default"), False)
         default, _, said = trained(devices.get("mirrored"), True)
         per_replica, _, silent = trained(
             devices.get("mirrored"), True, batch_statistics="per_replica"
@@ -191,3 +198,16 @@ def test_global_statistics_with_xla_under_replicas_are_refused_by_name():
         model.fit(x, np.zeros((ROWS, 3)), batch_size=BATCH, epochs=1, verbose=0)
     assert "Received: jit_compile=True under 2 replicas" in str(raised.value)
     assert "jit_compile=False" in str(raised.value)
+
+
+def test_synchronized_batch_norm_is_global_already_and_not_warned_of():
+    with devices.get("mirrored").scope():
+        inputs = keras.Input((3,))
+        hidden = layers.BatchNormalization(synchronized=True)(inputs)
+        model = keras_ctl.CTLModel(inputs, layers.Dense(1)(hidden))
+        model.compile("sgd", "mse")
+    x = np.arange(27.0).reshape(9, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0)
+    assert model.optimizer.iterations.numpy() == 3
