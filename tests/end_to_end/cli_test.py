@@ -118,6 +118,7 @@ def test_tune_classifier_writes_the_best_trial(tmp_path):
     assert all("best so far: trial " in line for line in progress)
 
 
+@pytest.mark.long
 def test_bench_writes_tables_and_a_chart(tmp_path):
     bench = os.path.join(children.ROOT, "benchmarks", "bench.py")
     result = children.run(

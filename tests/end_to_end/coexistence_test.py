@@ -10,6 +10,8 @@ import children
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.long
+
 SEEDS = "7:11"  # a float32 configuration, then three float64 ones
 
 

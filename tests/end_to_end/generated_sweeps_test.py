@@ -1,6 +1,7 @@
 """12 generated configurations equal `keras.Model` on one device (see
 `tests/models/differential_test.py`): 6 seeds on one device and 2
-replicas, 6 on 3 replicas, in two child processes (`bash .ci/differential`
+replicas, 6 on 3 replicas, in two child processes: a long check, run by
+`bash .ci/long_checks` (`bash .ci/differential`
 runs 200 others before an issue is resolved). Three in four configurations
 override one of Keras's extension points, and those with a step of one's
 own run their first step eagerly: about twice the time of a plain one.
@@ -9,12 +10,14 @@ own run their first step eagerly: about twice the time of a plain one.
 import json
 
 import children
+import pytest
 
 # (replicas, seeds, also on one device).
 SWEEPS = ((2, "3:9", True), (3, "103:109", False))
 SWEEP_TIMEOUT_S = 1800
 
 
+@pytest.mark.long
 def test_generated_configurations_equal_keras():
     running = []
     for replicas, seeds, one_device in SWEEPS:

@@ -5,7 +5,8 @@ with `keras_ctl.CTLModel` as the base.
 In parity mode (the step's random draws taken from the data) each exact
 example equals `keras.Model` on one device in float64 to 1e-9, with a
 replica that gets no example in the last batch. The suite runs half of
-them on 2 replicas (in this process) and a quarter on 3 (a child process),
+them on 2 replicas (in this process); a quarter on 3 (a child process) is
+a long check (`bash .ci/long_checks`),
 from a hash of its name (`keras_io.replicas_in_suite`), but for the
 longest (`keras_io.LONGEST`);
 `.ci/keras_io.py` runs every example on 1, 2 and 3 replicas in float64 and
@@ -28,6 +29,7 @@ def test_an_example_equals_one_device_on_2_replicas(name):
     assert largest <= keras_io.tolerance(name, "float64") and same_updates
 
 
+@pytest.mark.long
 def test_the_other_examples_equal_one_device_on_3_replicas(tmp_path):
     names = keras_io.in_suite(3)
     out = tmp_path / "3.json"

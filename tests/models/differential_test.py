@@ -7,7 +7,8 @@ a dataset size that leaves uneven or empty replicas, validation data. In
 float64, CTLModel on one device equals keras.Model to 1e-12 and under
 several replicas to 1e-9 (relative). A failure prints its configuration and
 `python tests/support/configurations.py SEED` reproduces it. Here a fixed
-sample; `tests/end_to_end/generated_sweeps_test.py` 24 more seeds;
+sample; `tests/end_to_end/generated_sweeps_test.py` 12 more seeds (a long
+check, `bash .ci/long_checks`);
 `bash .ci/differential` 200 others.
 """
 

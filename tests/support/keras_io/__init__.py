@@ -202,8 +202,8 @@ def in_suite(replicas):
 def replicas_in_suite(name):
     """The replica count (2 or 3) the test suite runs example `name` on, or
     `None`, from a hash of its name: half the examples on 2 replicas, a
-    quarter on 3 (a child process of their own, in float64, is the
-    suite's longest test). `.ci/keras_io` runs every example on 1, 2 and 3
+    quarter on 3 (a child process of their own, in float64: a long check,
+    `.ci/long_checks`). `.ci/keras_io` runs every example on 1, 2 and 3
     replicas, in float64 and float32, and as written."""
     hashed = zlib.crc32(name.encode()) % 4
     return {0: 2, 2: 2, 1: 3}.get(hashed)
