@@ -26,6 +26,11 @@ from typing import Any
 from keras_ctl._example_dependence import follows_the_examples
 
 MODES = (None, "global", "per_replica")
+# What makes a statistic of the user's own global.
+_OWN_STATISTIC = (
+    "Compute the statistic from values summed or gathered across replicas "
+    "(`keras_ctl.all_reduce_sum`, `keras_ctl.all_gather`)"
+)
 
 
 def check(
@@ -58,10 +63,8 @@ def check(
             "`BatchNormalization` over the global batch, but this training "
             f"step also assigns {names} from each replica's own examples "
             f"(under {replicas} replicas), which keras_ctl cannot compute "
-            "over the global batch. Compute the statistic from values summed "
-            "or gathered across replicas (`keras_ctl.all_reduce_sum`, "
-            '`keras_ctl.all_gather`), or compile with batch_statistics="per_replica" '
-            "to keep each replica's."
+            f"over the global batch. {_OWN_STATISTIC}, or compile with "
+            'batch_statistics="per_replica" to keep each replica\'s.'
         )
     state.batch_statistics_warned = True
     warnings.warn(
@@ -70,9 +73,8 @@ def check(
         "an EMA) that one device computes over the global batch. Compile with "
         'batch_statistics="global" for the global batch\'s: every '
         "`BatchNormalization` then synchronizes its moments (one all-reduce a "
-        "layer and step), and a statistic of your own must be computed from "
-        "values summed or gathered across replicas (`keras_ctl.all_reduce_sum`, "
-        '`keras_ctl.all_gather`), or it is refused by name. Or compile with '
+        "layer and step), and a statistic of your own is refused by name: "
+        f"{_OWN_STATISTIC.lower()}. Or compile with "
         'batch_statistics="per_replica" to keep each replica\'s and silence '
         "this warning.",
         stacklevel=2,

@@ -62,10 +62,12 @@ def moments_over_global_batch(original):
     """
 
     def moments(x, axes, keepdims=False, synchronized=False):
+        rank = x.shape.rank
         if (
             getattr(_in_step, "batch_statistics", None) == "global"
             and num_replicas() > 1
-            and 0 in [axis % len(x.shape) for axis in axes]
+            and rank
+            and 0 in [axis % rank for axis in axes]
         ):
             synchronized = True
         return original(x, axes, keepdims, synchronized)
