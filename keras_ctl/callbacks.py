@@ -15,6 +15,7 @@ import keras
 from keras_ctl import _keras
 from keras_ctl import strategies
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine import random_draws
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.resume import MetricStates
 from keras_ctl._engine.resume import ResumePlan
@@ -272,7 +273,7 @@ class BackupAndRestore(keras.callbacks.Callback):
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if saved_replicas in (None, replicas) or not _draws_random(self.model):
             return
-        if engine_state.of(self.model).draws_as_one_device:
+        if random_draws.as_one_device(self.model):
             return
         warnings.warn(
             f"The backup in {self.backup_dir} was written on {saved_replicas} "

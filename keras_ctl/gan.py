@@ -20,7 +20,7 @@ from keras_ctl import _checks
 from keras_ctl import _keras
 from keras_ctl import _signature
 from keras_ctl import blocks
-from keras_ctl._engine import state as engine_state
+from keras_ctl._engine import random_draws
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.model import CTLModel
@@ -380,7 +380,7 @@ class GAN(CTLModel):
         if latents is not None:
             return latents[:, index]
         shape = tf.stack([tf.shape(real)[0], self.latent_dim])
-        if engine_state.of(self).draws_as_one_device:
+        if random_draws.as_one_device(self):
             return keras.random.normal(shape, seed=self.seed_generator)
         return tf.random.stateless_normal(shape, seed=self._replica_seed())
 
@@ -389,7 +389,7 @@ class GAN(CTLModel):
         real examples: as one device draws it for them with
         `compile(random_draws="as_one_device")` (a draw per half, each the
         batch's rows), else this replica's own."""
-        if engine_state.of(self).draws_as_one_device:
+        if random_draws.as_one_device(self):
             halves = [
                 keras.random.uniform(
                     (rows, 1), seed=self.seed_generator, dtype="float32"

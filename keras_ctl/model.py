@@ -23,6 +23,7 @@ from keras_ctl._engine import build
 from keras_ctl._engine import forward
 from keras_ctl._engine import metric_updates
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine import random_draws as random_draws_module
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.batch_statistics import MODES as BATCH_STATISTICS
@@ -31,9 +32,6 @@ from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.callbacks import BackupAndRestore
 from keras_ctl.distribute import chief_writes
-
-# `compile(random_draws=...)`: each replica's own numbers, or one device's.
-RANDOM_DRAWS = ("per_replica", "as_one_device")
 
 
 def _in_effect(method):
@@ -359,7 +357,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         keras.Model.compile,
         gradient_accumulation=(str, "micro_batches"),
         compute_loss_over=(str, "replica_batch"),
-        random_draws=(str, "per_replica"),
+        random_draws=(str | None, None),
         batch_statistics=(str | None, None),
     )
     def compile(
@@ -367,7 +365,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         *args: Any,
         gradient_accumulation: str = "micro_batches",
         compute_loss_over: str = "replica_batch",
-        random_draws: str = "per_replica",
+        random_draws: str | None = None,
         batch_statistics: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -446,7 +444,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         for name, value, choices in (
             ("gradient_accumulation", gradient_accumulation, accumulation.MODES),
             ("compute_loss_over", compute_loss_over, forward.COMPUTE_LOSS_OVER),
-            ("random_draws", random_draws, RANDOM_DRAWS),
+            ("random_draws", random_draws, random_draws_module.MODES),
             ("batch_statistics", batch_statistics, BATCH_STATISTICS),
         ):
             if value not in choices:
@@ -457,10 +455,21 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine.gradient_accumulation = gradient_accumulation
         engine.compute_loss_over = compute_loss_over
         engine.random_draws = random_draws
+        engine.random_draws_warned = False
         engine.batch_statistics = batch_statistics
         engine.batch_statistics_warned = False
         engine.logged_metric_names = None
         super().compile(*args, **kwargs)
+
+    def _batches_with_positions(self) -> bool:
+        # A training step drawing one device's numbers reads where its
+        # examples sit in the global batch from its data: no collective.
+        strategy = self.distribute_strategy
+        return (
+            random_draws_module.as_one_device(self)
+            and strategy.num_replicas_in_sync > 1
+            and not isinstance(strategy, tf.distribute.ParameterServerStrategy)
+        )
 
     def get_compile_config(self) -> dict[str, Any] | None:
         config = super().get_compile_config()
@@ -468,7 +477,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         for name, default in (
             ("gradient_accumulation", "micro_batches"),
             ("compute_loss_over", "replica_batch"),
-            ("random_draws", "per_replica"),
+            ("random_draws", None),
             ("batch_statistics", None),
         ):
             if config and getattr(engine, name) != default:

@@ -279,6 +279,7 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     ```
     """
     from keras_ctl import _keras
+    from keras_ctl._engine import random_draws
     from keras_ctl._engine import state as engine_state
     from keras_ctl.model import CTLModel
 
@@ -304,7 +305,8 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     engine = engine_state.of(model)
     global_statistics = engine.batch_statistics == "global"
     for layer in _keras.all_layers(model):
-        why = _layer_difference(layer, engine.draws_as_one_device, global_statistics)
+        one_device = random_draws.as_one_device(model)
+        why = _layer_difference(layer, one_device, global_statistics)
         if why:
             found.append((f"{layer.name} ({type(layer).__name__})", why))
     return found

@@ -23,6 +23,7 @@ from keras_ctl import _keras
 from keras_ctl._engine import accumulation
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
+from keras_ctl._engine import random_draws
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.accumulation import OptimizerPairs
 from keras_ctl._engine.plan import StepPlan
@@ -135,7 +136,7 @@ def _step_function(
     )
     plan = StepPlan.for_model(model, compilable)
     if training and model.jit_compile:
-        _check_random_draws_with_xla(model)
+        random_draws.check_with_xla(model)
         _check_global_statistics_with_xla(model)
     compiled_pass = None
     if plan.xla == "per_replica_pass":
@@ -149,7 +150,8 @@ def _step_function(
         reads_as_one_device=_reads_as_one_device(
             model, "train_step" if training else "test_step"
         ),
-        random_as_one_device=training and engine.draws_as_one_device,
+        random_as_one_device=training and random_draws.as_one_device(model),
+        warns_of_replica_draws=training and random_draws.warns_of_replica_draws(model),
         weights=lambda: model.weights,
         step_name=f"{type(model).__name__}.{'train_step' if training else 'test_step'}",
     )
@@ -162,23 +164,6 @@ def _reads_as_one_device(model: Any, method: str) -> bool:
     (`_own_code.declare_in_shares`); a step that is the function
     `written_in_shares` returned runs in shares from its first line."""
     return is_users_own(model, method) and not marked_in_shares(model, method)
-
-
-def _check_random_draws_with_xla(model: Any) -> None:
-    """XLA draws other numbers than TensorFlow's kernels (one device with
-    `jit_compile=True` draws XLA's), and a replica cannot draw the global
-    batch's rows inside its compiled pass."""
-    replicas = model.distribute_strategy.num_replicas_in_sync
-    if not engine_state.of(model).draws_as_one_device or replicas == 1:
-        return
-    raise ValueError(
-        'compile(random_draws="as_one_device") draws one device\'s random '
-        "numbers with TensorFlow's kernels; with XLA one device draws "
-        "XLA's, which a replica cannot draw for its rows. Received: "
-        f"jit_compile=True under {replicas} replicas. Pass "
-        "jit_compile=False to draw as one device, or random_draws="
-        '"per_replica" to keep XLA with each replica\'s own draws.'
-    )
 
 
 def _check_global_statistics_with_xla(model: Any) -> None:

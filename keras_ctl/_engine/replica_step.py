@@ -25,9 +25,11 @@ from keras_ctl import _keras
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import batch_statistics
 from keras_ctl._engine import own_step
+from keras_ctl._engine import random_draws
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
+from keras_ctl._keras.iterators import without_positions
 from keras_ctl._replicas import rows_and_offset
 from keras_ctl.distribute import preemption
 from keras_ctl.distribute import topology
@@ -56,7 +58,10 @@ class StepParts(NamedTuple):
             training step checks (`batch_statistics`).
         random_as_one_device: Whether Keras's random draws of a batch's
             rows draw one device's numbers for them
-            (`compile(random_draws="as_one_device")`).
+            (`random_draws.as_one_device`).
+        warns_of_replica_draws: Whether a training step that draws, each
+            replica its own numbers, is warned of
+            (`random_draws.warns_of_replica_draws`).
     """
 
     strategy: tf.distribute.Strategy
@@ -66,6 +71,7 @@ class StepParts(NamedTuple):
     builds_on_first_use: Callable[[], bool]
     reads_as_one_device: bool = False
     random_as_one_device: bool = False
+    warns_of_replica_draws: bool = False
     step_name: str = "the step"
     weights: Callable[[], list[Any]] = list
 
@@ -160,7 +166,7 @@ class ReplicaStep:
         return outputs
 
     def _replica(self, data: Any, trace: Trace) -> Any:
-        data = optionals_to_none(data)
+        data, positions = without_positions(optionals_to_none(data))
         replicas = self.strategy.num_replicas_in_sync
         statistics = self.parts.state.batch_statistics if self.training else None
         assigned: list[Any] | None = [] if self.training and replicas > 1 else None
@@ -168,7 +174,7 @@ class ReplicaStep:
             _keras.replica_step(
                 trace.written, trace.stands_for_trace, statistics, assigned
             ),
-            _random_rows_as_one_device(data, self.draws_as_one_device),
+            _random_rows_as_one_device(data, positions, self.draws_as_one_device),
             _keras.eager_ops_noted(data),
         ):
             with _keras.results_noted(self.parts.metrics()) as noted:
@@ -183,6 +189,8 @@ class ReplicaStep:
                 weights = self.parts.weights()
                 state = self.parts.state
                 batch_statistics.check(assigned, weights, statistics, state, replicas)
+                if self.parts.warns_of_replica_draws:
+                    random_draws.warn_if_drawn(assigned, state, replicas)
             return outputs
 
     @not_converted
@@ -227,14 +235,25 @@ def _not_scalar(outputs: Any) -> set[str]:
 
 
 @contextlib.contextmanager
-def _random_rows_as_one_device(data: Any, as_one_device: bool) -> Iterator[None]:
+def _random_rows_as_one_device(
+    data: Any, positions: tf.Tensor | None, as_one_device: bool
+) -> Iterator[None]:
     """Within it, this replica's random draws of its rows are one device's
-    (`_keras.draw_rows_as_one_device`), when `as_one_device`."""
+    (`_keras.draw_rows_as_one_device`), when `as_one_device`. Where its
+    examples sit in the global batch is read from the `positions` its data
+    carries (`_keras.iterators.with_positions`), else asked of the other replicas
+    (an all-gather of their batch sizes)."""
     if not as_one_device:
         yield
         return
     first = [t for t in tree.flatten(data) if t is not None][0]
-    rows, offset = rows_and_offset(tf.shape(first)[0])
+    if positions is None:
+        rows, offset = rows_and_offset(tf.shape(first)[0])
+    else:
+        # The first example's position; 0 for an empty replica, whose
+        # placeholder row's numbers weigh nothing.
+        rows = tf.maximum(tf.shape(first)[0], 1)
+        offset = tf.reduce_sum(positions[:1])
     with _keras.draw_rows_as_one_device(rows, offset, first.shape[0]):
         yield
 

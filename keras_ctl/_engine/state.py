@@ -26,8 +26,10 @@ class EngineState:
             `"micro_batches"` or `"examples"`.
         compute_loss_over: `compile(compute_loss_over=...)`:
             `"replica_batch"` or `"global_batch"`.
-        random_draws: `compile(random_draws=...)`: `"per_replica"` or
-            `"as_one_device"`.
+        random_draws: `compile(random_draws=...)`: `None`,
+            `"as_one_device"` or `"per_replica"` (`random_draws.MODES`).
+        random_draws_warned: Whether the model's per-replica draws under
+            XLA were warned of since it was compiled.
         batch_statistics: `compile(batch_statistics=...)`: `None`,
             `"global"` or `"per_replica"` (`batch_statistics.MODES`).
         batch_statistics_warned: Whether the model's per-replica batch
@@ -53,7 +55,8 @@ class EngineState:
 
     gradient_accumulation: str = "micro_batches"
     compute_loss_over: str = "replica_batch"
-    random_draws: str = "per_replica"
+    random_draws: str | None = None
+    random_draws_warned: bool = False
     batch_statistics: str | None = None
     batch_statistics_warned: bool = False
     accumulation: GradientAccumulation | None = None
@@ -63,10 +66,6 @@ class EngineState:
     test_pass: CompiledPass | None = None
     logged_metric_names: list[str] | None = None
     predicted_batches: int = 0
-
-    @property
-    def draws_as_one_device(self) -> bool:
-        return self.random_draws == "as_one_device"
 
 
 _STATES: weakref.WeakKeyDictionary[Any, EngineState] = weakref.WeakKeyDictionary()

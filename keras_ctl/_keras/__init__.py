@@ -62,6 +62,7 @@ from keras_ctl._keras.optimizers import micro_batch_iterations
 from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
 from keras_ctl._keras.random import NeedsEagerStep
 from keras_ctl._keras.random import draw_rows_as_one_device
+from keras_ctl._keras.random import is_seed_state
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
@@ -101,6 +102,7 @@ __all__ = [
     "count_micro_batch",
     "count_only_real_examples",
     "draw_rows_as_one_device",
+    "is_seed_state",
     "eager_ops_noted",
     "end_epoch_early",
     "examples_of_batch",

@@ -10,12 +10,21 @@ an iterator opens when the first step reads it.
 An iterator over data of known length also knows how many batches it has
 left, so a step function can read exactly that many without asking the
 workers whether any replica still has data (`next_batch`).
+
+A training step that draws one device's random numbers needs to know where
+each replica's examples sit in the global batch; its data can carry that,
+computed where the global batch is whole (`with_positions`), so no replica
+asks the others for their batch sizes.
 """
 
 import warnings
 from typing import Any
+from typing import NamedTuple
+
+import tensorflow as tf
 
 from keras_ctl._keras import names
+from keras_ctl.distribute import topology
 
 
 class DeferredDataset:
@@ -37,6 +46,71 @@ class DeferredDataset:
 
     def __getattr__(self, name):
         return getattr(self.dataset, name)
+
+
+class PositionedBatch(NamedTuple):
+    """A batch, and each example's position in its global batch (`int32`,
+    a row per example), which the strategy splits with the batch."""
+
+    batch: Any
+    positions: tf.Tensor
+
+
+def with_positions(epoch_iterator: Any, strategy: tf.distribute.Strategy) -> Any:
+    """The distributed dataset of `epoch_iterator` (Keras's
+    `TFEpochIterator`), each batch a `PositionedBatch`; `None` where a
+    position in the dataset's global batch is not a position in the
+    global batch the replicas train on: data Keras did not distribute
+    (`distribute_datasets_from_function`, a `DistributedDataset`), and, on
+    several workers, data that is not sharded by its examples (a `tf.data`
+    pipeline the strategy may shard by files, each worker batching its
+    own)."""
+    adapter: Any = getattr(epoch_iterator, "data_adapter", None)
+    try:
+        dataset = adapter.get_tf_dataset()
+    except Exception:  # an adapter without a tf.data form
+        return None
+    if not isinstance(dataset, tf.data.Dataset):
+        return None
+    if topology.of(strategy).workers > 1 and not _sharded_by_examples(dataset, adapter):
+        return None
+    spec = dataset.element_spec
+    first = tf.nest.flatten(spec)[0]
+    if not isinstance(first, tf.TensorSpec) or first.shape.rank in (None, 0):
+        return None
+
+    def positioned(*element: Any) -> PositionedBatch:
+        batch = _rebuilt(spec, element)
+        rows = tf.shape(tf.nest.flatten(batch)[0])[0]
+        return PositionedBatch(batch, tf.range(rows, dtype=tf.int32))
+
+    return strategy.experimental_distribute_dataset(dataset.map(positioned))
+
+
+def _rebuilt(spec: Any, element: tuple[Any, ...]) -> Any:
+    """The element `dataset.map` passed as `element` (a tuple it unpacks
+    into arguments), in the structure of `spec`."""
+    if not isinstance(spec, tuple):
+        return element[0]
+    return type(spec)(*element) if hasattr(spec, "_fields") else tuple(element)
+
+
+def _sharded_by_examples(dataset: tf.data.Dataset, adapter: Any) -> bool:
+    """Whether the strategy shards `dataset` among workers by its examples
+    (`AutoShardPolicy.DATA`): arrays (no files) always, a pipeline when its
+    options say so."""
+    if type(adapter).__name__ == "ArrayDataAdapter":
+        return True
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    return policy == tf.data.experimental.AutoShardPolicy.DATA
+
+
+def without_positions(data: Any) -> tuple[Any, tf.Tensor | None]:
+    """`(batch, positions)` of a replica's `data`: positions `None` when
+    its data does not carry them."""
+    if isinstance(data, PositionedBatch):
+        return data.batch, data.positions
+    return data, None
 
 
 class DeferredIterator:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.iterators import DeferredDataset
+from keras_ctl._keras.iterators import with_positions
 from keras_ctl._own_code import is_users_own
 
 
@@ -36,7 +37,7 @@ class SymbolicBuildFromFirstReplica:
         if iterator is not None:
             # On one device too: a resumed run replays epochs of its data
             # before it opens the first (`iterators.replay_epochs`).
-            _defer_iterators(iterator)
+            _defer_iterators(iterator, self._batches_with_positions())
         if strategy_created_under(self) is None or not _callable_model(self):
             # Keras builds when the step is traced (a model without `call`,
             # like the keras.io guide's GAN, can only be built so).
@@ -64,6 +65,12 @@ class SymbolicBuildFromFirstReplica:
                     "batch (an empty array or dataset, or `steps` past its "
                     "end). Pass data with examples, or build the model first."
                 ) from None
+
+    def _batches_with_positions(self) -> bool:
+        """Whether the batches of `fit()` and `evaluate()` carry each
+        example's position in the global batch
+        (`iterators.PositionedBatch`), for the model's steps to read."""
+        return False
 
 
 @contextlib.contextmanager
@@ -139,13 +146,18 @@ def _batch_spec(epoch_iterator):
     return dataset.element_spec
 
 
-def _defer_iterators(epoch_iterator):
+def _defer_iterators(epoch_iterator, positioned=False):
     """Makes Keras's epoch iterator open each distributed iterator on first
     use (`TFEpochIterator._distributed_dataset`, returned by its
-    `_get_iterator`, is what it calls `iter()` on, one epoch ahead).
+    `_get_iterator`, is what it calls `iter()` on, one epoch ahead); with
+    `positioned`, each batch carries its examples' positions in the global
+    batch, where they are known (`iterators.with_positions`).
     """
     dataset = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
+        if positioned:
+            strategy = names.attribute(epoch_iterator, "_distribute_strategy")
+            dataset = with_positions(epoch_iterator, strategy) or dataset
         adapter: Any = getattr(epoch_iterator, "data_adapter", None)
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and
         # the batches their `num_batches` counts (None when unknown or

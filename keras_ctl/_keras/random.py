@@ -73,6 +73,13 @@ def per_replica_generators(original):
     return global_seed_generator
 
 
+def is_seed_state(variable: Any) -> bool:
+    """Whether `variable` is a `SeedGenerator`'s state, which every draw
+    of a seeded layer or `keras.random` function advances (its name is
+    Keras's, in `keras.src.random.seed_generator`)."""
+    return getattr(variable, "name", None) == "seed_generator_state"
+
+
 @contextlib.contextmanager
 def draw_rows_as_one_device(rows, offset, static_rows=None):
     """Within it (this replica step's thread), a Keras random draw whose
