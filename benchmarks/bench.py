@@ -518,6 +518,8 @@ HAND_LOOPS = {
     "CTLModel.fit, accuracy": "hand loop train step, accuracy",
     "CTLModel.fit": "hand loop train step, accuracy",
     "CTLModel.fit, data of unknown length": "hand loop train step, accuracy",
+    "CTLModel.fit, Dropout": "hand loop train step, accuracy",
+    "CTLModel.fit, Dropout, per-replica draws": "hand loop train step, accuracy",
     "CTLModel.evaluate, accuracy": "hand loop eval step, accuracy",
     "CTLModel.evaluate": "hand loop eval step, accuracy",
     "GAN.fit": "hand GAN step",

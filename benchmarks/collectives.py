@@ -12,7 +12,8 @@ or in one process on `--replicas` local replicas (MirroredStrategy).
 The chief writes `{candidate: {steps_per_execution: collectives per step}}`
 to OUT.json, for `steps_per_execution` 1, 8 and 32, each collective
 weighted by how often it runs (`weighted`), for: `CTLModel.fit` (with and
-without an accuracy metric, and on data of unknown length),
+without an accuracy metric, on data of unknown length, and with Dropout
+drawing one device's numbers, the default, and each replica's own),
 `CTLModel.evaluate` and `GAN.fit` (`d_steps=1`), and the hand-written
 loops they replace, each taking its batch from the distributed iterator
 inside its step function as `fit()` does (the iterator's own "has data"
@@ -108,6 +109,17 @@ def measure(strategy, replicas=1):
             name = "CTLModel.{}" + (", accuracy" if metrics else "")
             record(name.format("fit"), spe, model.train_function)
             record(name.format("evaluate"), spe, model.test_function)
+        for draws, suffix in ((None, ""), ("per_replica", ", per-replica draws")):
+            with strategy.scope():
+                model = _mlp_with_dropout()
+                model.compile(
+                    optimizer="adam",
+                    loss=loss,
+                    steps_per_execution=spe,
+                    random_draws=draws,
+                )
+            model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+            record("CTLModel.fit, Dropout" + suffix, spe, model.train_function)
         with strategy.scope():
             model = models.guide_mlp()
             model.compile(optimizer="adam", loss=loss, steps_per_execution=spe)
@@ -133,6 +145,20 @@ def measure(strategy, replicas=1):
             map(str, STEPS_PER_EXECUTION), weighted(graph, 1, replicas)
         )
     return counts
+
+
+def _mlp_with_dropout():
+    """The guide's MLP with `Dropout(0.2)` after each hidden layer."""
+    import keras
+
+    import keras_ctl
+
+    inputs = keras.Input((784,))
+    x = inputs
+    for seed in range(2):
+        x = keras.layers.Dense(64, activation="relu")(x)
+        x = keras.layers.Dropout(0.2, seed=seed)(x)
+    return keras_ctl.CTLModel(inputs, keras.layers.Dense(10)(x))
 
 
 def time_candidates(strategy, rounds, steps=128):

@@ -1,13 +1,15 @@
 """What `compile(random_draws="as_one_device")` costs per training step.
 
-Two `CTLModel`s that differ only in `random_draws` ("per_replica", the
-default, and "as_one_device") train the Keras guide's MLP (784-64-64-10)
+Two `CTLModel`s that differ only in `random_draws` ("per_replica" and
+"as_one_device", the default) train the Keras guide's MLP (784-64-64-10)
 with `Dropout(0.2)` after each hidden layer and `GaussianNoise(0.1)` on
 the inputs, Adam, global batch `--batch` (default 64), on `--replicas`
 local replicas (MirroredStrategy; logical CPU devices here). The
 candidates are interleaved within each of `--rounds` rounds (one epoch of
 `--steps` steps each, after an epoch that traces); the median time per
-step of each and the median of the per-round ratios are reported.
+step of each and the median of the per-round ratios are reported, with
+the collectives per step each traced training step holds (counted as
+`collectives.py` counts them: deterministic).
 
     python benchmarks/random_draws.py [--replicas 2] [--rounds 9]
         [--steps 64] [--batch 64] [--out FILE.json]
@@ -17,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 OPTIONS = ("per_replica", "as_one_device")
@@ -76,8 +79,15 @@ def main():
             models[option].fit(x, y, batch_size=args.batch, epochs=1, verbose=0)
             per_step[option].append((time.perf_counter() - start) / args.steps)
         ratios.append(per_step["as_one_device"][-1] / per_step["per_replica"][-1])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from collectives import weighted
+
     result = {
         "replicas": args.replicas,
+        "collectives_per_step": {
+            option: weighted(model.train_function.graphs()[0], 1, args.replicas)
+            for option, model in models.items()
+        },
         "batch": args.batch,
         "rounds": args.rounds,
         "median_us_per_step": {

@@ -115,9 +115,9 @@ class GAN(CTLModel):
                 `keras.losses.BinaryCrossentropy(from_logits=True)`.
             **kwargs: Other `CTLModel.compile()` options
                 (`steps_per_execution`, `jit_compile`, `run_eagerly`,
-                `random_draws`: with `"as_one_device"`, the latent vectors
-                and label noise of each example are one device's on any
-                replica count).
+                `random_draws`: by default the latent vectors and label
+                noise of each example are one device's on any replica
+                count; `"per_replica"` gives each replica its own).
 
         Returns:
             `None`.

@@ -393,9 +393,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 the cost of the gather and of every replica computing the
                 whole loss. Keras's own `compute_loss` is exact either way.
             random_draws: What the random numbers of a training step are
-                under several replicas: `"per_replica"` (default): each
-                replica draws its own; `"as_one_device"`: each example gets
-                the numbers one device draws for it (`Dropout`,
+                under several replicas: `"as_one_device"`: each example
+                gets the numbers one device draws for it (`Dropout`,
                 `GaussianNoise`, random augmentation layers, and
                 `keras.random.normal`, `uniform`, `truncated_normal`,
                 `randint`, `gamma`, `binomial`, `beta` and `categorical`
@@ -404,11 +403,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 count, and resumes on any. A draw whose first dimension is
                 not the replica's batch is one draw for the batch, the one
                 device draws; `keras.random.shuffle` of the replica's rows
-                is refused with a `ValueError`. Costs one all-gather of
-                the replicas' batch sizes a step, and draws of up to the
-                global batch's rows. Refused with `jit_compile=True`
-                under several replicas (XLA draws other numbers than
-                TensorFlow's kernels, and one device with XLA draws XLA's).
+                is refused with a `ValueError`. Costs draws of up to the
+                global batch's rows; where each replica's examples sit
+                comes with `fit()`'s batches (other data: one all-gather
+                of the batch sizes a step). Refused with
+                `jit_compile=True` under several replicas (XLA draws other
+                numbers than TensorFlow's kernels, and one device with XLA
+                draws XLA's). `"per_replica"`: each replica draws its own,
+                as Keras. `None` (default): `"as_one_device"`, except with
+                `jit_compile=True` under several replicas: each replica's
+                own there, with a warning at the first training step that
+                draws, once.
             batch_statistics: What the statistics of a batch that a
                 training step keeps in the model's variables are under
                 several replicas (`BatchNormalization`'s moving statistics,

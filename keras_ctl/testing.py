@@ -439,8 +439,9 @@ def _layer_difference(
     if hasattr(layer, "seed_generator") and not draws_as_one_device:
         return (
             "random draws (dropout, noise, augmentation), made on each "
-            'replica. Compile with `random_draws="as_one_device"` for one '
-            "device's numbers on any replica count."
+            'replica. Compile with `random_draws="as_one_device"` (the '
+            "default, without `jit_compile=True`) for one device's numbers on "
+            "any replica count."
         )
     if getattr(layer, "activity_regularizer", None) is not None:
         return (

@@ -53,6 +53,17 @@ def test_at_most_the_hand_loops_collectives_per_step(counts, candidate, hand_loo
         assert counts[candidate][spe] <= counts[hand_loop][spe], (spe, counts)
 
 
+def test_one_devices_random_draws_add_no_collective(counts):
+    # Each replica reads where its examples sit from its batch, so drawing
+    # one device's numbers needs no exchange of the batch sizes.
+    for spe in SPE:
+        assert (
+            counts["CTLModel.fit, Dropout"][spe]
+            == counts["CTLModel.fit, Dropout, per-replica draws"][spe]
+            == counts["CTLModel.fit"][spe]
+        ), (spe, counts)
+
+
 def test_one_round_trip_per_step_inside_an_execution(counts):
     # Data of known length: the gradients with the global count every
     # step, the logs once per execution; no "has data" agreement.

@@ -31,17 +31,17 @@ def test_a_move_ends_and_logs_as_one_device(move, tmp_path):
     assert logs <= LOGS_TOLERANCE, move
 
 
-def dropout_model(strategy):
+def dropout_model(strategy, random_draws):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         inputs = keras.Input((5,))
         hidden = keras.layers.Dropout(0.3)(keras.layers.Dense(4)(inputs))
         model = keras_ctl.CTLModel(inputs, keras.layers.Dense(1)(hidden))
-        model.compile(optimizer="sgd", loss="mse")
+        model.compile(optimizer="sgd", loss="mse", random_draws=random_draws)
     return model
 
 
-def stopped_and_resumed(folder, before, after):
+def stopped_and_resumed(folder, before, after, random_draws="per_replica"):
     """Messages of the warnings the resume on `after` replicas raised."""
     x, y = topology_moves.data()
     y = y.astype("float32")
@@ -49,7 +49,7 @@ def stopped_and_resumed(folder, before, after):
         folder, save_freq=2, save_on_signals=()
     )
     with pytest.raises(topology_moves.Stopped):
-        dropout_model(strategy(before)).fit(
+        dropout_model(strategy(before), random_draws).fit(
             x,
             y,
             batch_size=16,
@@ -62,17 +62,19 @@ def stopped_and_resumed(folder, before, after):
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dropout_model(strategy(after)).fit(
+        dropout_model(strategy(after), random_draws).fit(
             x, y, batch_size=16, epochs=2, verbose=0, callbacks=[backup]
         )
     return [str(w.message) for w in caught if "draws random" in str(w.message)]
 
 
-def test_a_model_drawing_random_numbers_warns_when_resumed_on_another_count(tmp_path):
+def test_a_model_drawing_per_replica_warns_when_resumed_on_another_count(tmp_path):
     [message] = stopped_and_resumed(str(tmp_path / "backup"), before=1, after=2)
     assert "written on 1 replica(s); this run has 2" in message
     assert "Resume on 1 replica(s)" in message
     assert stopped_and_resumed(str(tmp_path / "same"), before=2, after=2) == []
+    # One device's draws, the default, resume on any count.
+    assert stopped_and_resumed(str(tmp_path / "one"), 1, 2, random_draws=None) == []
 
 
 def test_a_mid_epoch_backup_resumed_in_batches_of_another_size_is_refused(tmp_path):

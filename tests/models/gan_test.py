@@ -12,7 +12,9 @@ import keras_ctl
 ATOL = 1e-5
 
 
-def compiled_gan(strategy=None, d_optimizer=None, g_optimizer=None, **gan_kwargs):
+def compiled_gan(
+    strategy=None, d_optimizer=None, g_optimizer=None, random_draws=None, **gan_kwargs
+):
     """`d_optimizer` / `g_optimizer`: factories, called in the strategy scope."""
     strategy = strategy or tf.distribute.get_strategy()
     keras.utils.set_random_seed(0)
@@ -21,6 +23,7 @@ def compiled_gan(strategy=None, d_optimizer=None, g_optimizer=None, **gan_kwargs
         gan.compile(
             d_optimizer=d_optimizer() if d_optimizer else keras.optimizers.Adam(3e-3),
             g_optimizer=g_optimizer() if g_optimizer else keras.optimizers.Adam(4e-3),
+            random_draws=random_draws,
         )
     return gan
 
@@ -175,8 +178,8 @@ def test_two_replicas_train_as_one_device_with_synchronized_norm():
     assert_all_close(found, expected)
 
 
-def test_latent_stream_differs_across_replicas():
-    gan = compiled_gan(devices.get("mirrored"))
+def test_latent_stream_differs_across_replicas_drawing_per_replica():
+    gan = compiled_gan(devices.get("mirrored"), random_draws="per_replica")
     strategy = devices.get("mirrored")
 
     @tf.function

@@ -3,6 +3,8 @@ device equal `keras.Model` on one device (float32); the option is checked
 and kept in the compile config (`random_draws.py`; 3 replicas, float64,
 the GAN and 2 workers: `tests/end_to_end/random_draws_test.py`)."""
 
+import warnings
+
 import devices
 import keras
 import pytest
@@ -19,7 +21,11 @@ def test_two_replicas_draw_as_one_device(case):
         case, keras_ctl.CTLModel, mirrored, random_draws="as_one_device"
     )
     assert random_draws.largest_difference(got, reference) <= 1e-5
-    own = random_draws.run(case, keras_ctl.CTLModel, mirrored)
+    default = random_draws.run(case, keras_ctl.CTLModel, mirrored)
+    assert random_draws.largest_difference(default, got) == 0
+    own = random_draws.run(
+        case, keras_ctl.CTLModel, mirrored, random_draws="per_replica"
+    )
     assert random_draws.largest_difference(own, reference) > 1e-3
 
 
@@ -51,3 +57,28 @@ def test_drawing_as_one_device_with_xla_under_replicas_is_refused_by_name():
     x, y = random_draws.data("dense_layers")
     with pytest.raises(ValueError, match="jit_compile=True under 2 replicas"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def _run_warned(**compile_kwargs):
+    """`(result, messages)`: `random_draws.run` of the dense layers on 2
+    replicas, and the messages of the per-replica draws warnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = random_draws.run(
+            "dense_layers",
+            keras_ctl.CTLModel,
+            devices.get("mirrored"),
+            **compile_kwargs,
+        )
+    drawn = [str(w.message) for w in caught if "draws its own random" in str(w.message)]
+    return result, drawn
+
+
+def test_the_default_with_xla_under_replicas_draws_per_replica_and_warns_once():
+    default, drawn = _run_warned(jit_compile=True)
+    assert len(drawn) == 1
+    assert "jit_compile=True under 2 replicas" in drawn[0]
+    assert 'random_draws="per_replica"' in drawn[0]
+    declared, silent = _run_warned(jit_compile=True, random_draws="per_replica")
+    assert silent == []
+    assert random_draws.largest_difference(default, declared) == 0

@@ -31,23 +31,24 @@ def functional(base):
 
 
 def test_each_known_difference_is_named_with_what_to_do():
+    # Random layers draw one device's numbers by default.
     found = dict(known_to_differ(functional(keras_ctl.CTLModel)))
+    assert set(found) == {"active (Dense)", "bn (BatchNormalization)"}
+    assert 'batch_statistics="global"' in found["bn (BatchNormalization)"]
+    assert "weight regularizer" in found["active (Dense)"]
+
+
+def test_random_layers_drawing_per_replica_are_named():
+    model = functional(keras_ctl.CTLModel)
+    model.compile(loss="mse", random_draws="per_replica")
+    found = dict(known_to_differ(model))
     assert set(found) == {
         "active (Dense)",
         "bn (BatchNormalization)",
         "drop (Dropout)",
         "noise (GaussianNoise)",
     }
-    assert 'batch_statistics="global"' in found["bn (BatchNormalization)"]
     assert 'random_draws="as_one_device"' in found["drop (Dropout)"]
-    assert "weight regularizer" in found["active (Dense)"]
-
-
-def test_random_layers_drawing_as_one_device_are_not_named():
-    model = functional(keras_ctl.CTLModel)
-    model.compile(loss="mse", random_draws="as_one_device")
-    found = dict(known_to_differ(model))
-    assert set(found) == {"active (Dense)", "bn (BatchNormalization)"}
 
 
 def test_batch_norm_compiled_for_global_statistics_is_not_named():
