@@ -455,13 +455,10 @@ def assign_whole(
             component.assign(part)
 
 
-def rows_and_offset(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """`(rows, offset)` of this replica's batch of `rows` examples: its rows
-    as its layers see them (1 for an empty batch, its placeholder), and the
-    examples of the replicas before it in the global batch, which the
-    strategy splits in replica order (one all-gather of each replica's
-    count)."""
+def examples_before(rows: tf.Tensor) -> tf.Tensor:
+    """The examples of the replicas before this one in the global batch,
+    which the strategy splits in replica order, for this replica's batch
+    of `rows` examples (one all-gather of each replica's count)."""
     context = tf.distribute.get_replica_context()
     counts = context.all_gather(tf.reshape(tf.cast(rows, tf.int32), [1]), axis=0)
-    offset = tf.reduce_sum(counts[: context.replica_id_in_sync_group])
-    return tf.maximum(tf.cast(rows, tf.int32), 1), offset
+    return tf.reduce_sum(counts[: context.replica_id_in_sync_group])

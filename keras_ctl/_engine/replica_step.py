@@ -30,7 +30,7 @@ from keras_ctl._engine.autograph import not_converted
 from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
 from keras_ctl._keras.iterators import without_positions
-from keras_ctl._replicas import rows_and_offset
+from keras_ctl._replicas import examples_before
 from keras_ctl.distribute import preemption
 from keras_ctl.distribute import topology
 
@@ -241,19 +241,22 @@ def _random_rows_as_one_device(
     """Within it, this replica's random draws of its rows are one device's
     (`_keras.draw_rows_as_one_device`), when `as_one_device`. Where its
     examples sit in the global batch is read from the `positions` its data
-    carries (`_keras.iterators.with_positions`), else asked of the other replicas
-    (an all-gather of their batch sizes)."""
+    carries (`_keras.iterators.with_positions`), else asked of the other
+    replicas at the first draw that needs it (an all-gather of their batch
+    sizes, which a step that draws nothing never makes)."""
     if not as_one_device:
         yield
         return
     first = [t for t in tree.flatten(data) if t is not None][0]
+    count = tf.shape(first)[0]
     if positions is None:
-        rows, offset = rows_and_offset(tf.shape(first)[0])
+        offset: Any = lambda: examples_before(count)  # noqa: E731
     else:
         # The first example's position; 0 for an empty replica, whose
         # placeholder row's numbers weigh nothing.
-        rows = tf.maximum(tf.shape(first)[0], 1)
         offset = tf.reduce_sum(positions[:1])
+    # An empty replica's layers see one row, its placeholder.
+    rows = tf.maximum(count, 1)
     with _keras.draw_rows_as_one_device(rows, offset, first.shape[0]):
         yield
 

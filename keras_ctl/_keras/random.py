@@ -90,14 +90,33 @@ def draw_rows_as_one_device(rows, offset, static_rows=None):
     this one). Other draws (one per batch) are one device's already: every
     replica uses the seed one device uses. `static_rows` is the replica's
     number of rows where the step knows it before it runs (every batch
-    splits evenly), else `None`. With `rows` `None`, draws within it are
-    not drawn as one device."""
+    splits evenly), else `None`. `offset` may be a function that computes
+    it, called at the first draw that needs it (once in each graph it is
+    drawn in): a step that draws nothing computes nothing. With `rows`
+    `None`, draws within it are not drawn as one device."""
     previous = getattr(_in_step, "random_rows", None)
+    if callable(offset):
+        offset = _OnceAGraph(offset)
     _in_step.random_rows = None if rows is None else (rows, offset, static_rows)
     try:
         yield
     finally:
         _in_step.random_rows = previous
+
+
+class _OnceAGraph:
+    """`compute()`, called once in each graph that asks for it (a draw in
+    a `tf.cond` branch or a loop's body cannot use a tensor of another)."""
+
+    def __init__(self, compute):
+        self._compute = compute
+        self._values = {}
+
+    def __call__(self):
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        if graph not in self._values:
+            self._values[graph] = self._compute()
+        return self._values[graph]
 
 
 def _rows_before(first):
@@ -115,8 +134,12 @@ def _rows_before(first):
     to a static batch size is taken for the batch."""
     rows, offset, static_rows = _in_step.random_rows
     static_first = _static(first)
+    if static_first is not None and static_first != static_rows:
+        return tf.constant(0, tf.int32)
+    if callable(offset):
+        offset = offset()
     if static_first is not None:
-        return offset if static_first == static_rows else tf.zeros_like(offset)
+        return offset
     return tf.where(tf.equal(tf.cast(first, rows.dtype), rows), offset, 0)
 
 

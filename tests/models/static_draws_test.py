@@ -97,7 +97,10 @@ AUGMENTATIONS = {
 }
 
 
-def trained(case, base, strategy, examples):
+def trained(case, base, strategy, examples, distributed=False):
+    """The weights after an epoch; with `distributed`, of data the user
+    distributed (no positions come with it: the replicas exchange their
+    batch sizes)."""
     with configurations.computing_in("float64"):
         keras.utils.set_random_seed(0)
         rng = np.random.default_rng(0)
@@ -119,13 +122,18 @@ def trained(case, base, strategy, examples):
             model = model_class(inputs, L.Dense(2)(h))
             options = {} if base is keras.Model else {"random_draws": "as_one_device"}
             model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **options)
-        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        if distributed:
+            batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+            model.fit(strategy.experimental_distribute_dataset(batches), verbose=0)
+        else:
+            model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         return model.get_weights()
 
 
-def largest_difference(case, examples):
+def largest_difference(case, examples, distributed=False):
     expected = trained(case, keras.Model, tf.distribute.get_strategy(), examples)
-    got = trained(case, keras_ctl.CTLModel, devices.get("mirrored"), examples)
+    strategy = devices.get("mirrored")
+    got = trained(case, keras_ctl.CTLModel, strategy, examples, distributed)
     return max(float(np.max(np.abs(a - b))) for a, b in zip(got, expected, strict=True))
 
 
@@ -135,6 +143,12 @@ def largest_difference(case, examples):
 )
 def test_draws_follow_the_examples_on_static_and_dynamic_batches(case, examples):
     assert largest_difference(case, examples) <= 1e-12
+
+
+@pytest.mark.parametrize("examples", [48, 49])
+@pytest.mark.parametrize("case", ["noise_layers", "masked_step"])
+def test_draws_follow_the_examples_of_data_distributed_by_the_user(case, examples):
+    assert largest_difference(case, examples, distributed=True) <= 1e-12
 
 
 @pytest.mark.slow
