@@ -34,12 +34,15 @@ class DeferredDataset:
     `tf.data` pipeline), so a resumed run can replay its epochs; not for a
     Python generator or a `PyDataset`, which order themselves. `batches`:
     the global batches an iterator of it yields, or `None` when unknown.
+    `source`: the `tf.data` dataset Keras distributed, or `None`
+    (`keras_dataset`).
     """
 
-    def __init__(self, dataset, replayable=True, batches=None):
+    def __init__(self, dataset, replayable=True, batches=None, source=None):
         self.dataset = dataset
         self.replayable = replayable
         self.batches = batches
+        self.source = source
 
     def __iter__(self):
         return DeferredIterator(self.dataset, self.replayable, self.batches)
@@ -56,23 +59,43 @@ class PositionedBatch(NamedTuple):
     positions: tf.Tensor
 
 
-def with_positions(epoch_iterator: Any, strategy: tf.distribute.Strategy) -> Any:
-    """The distributed dataset of `epoch_iterator` (Keras's
-    `TFEpochIterator`), each batch a `PositionedBatch`; `None` where a
-    position in the dataset's global batch is not a position in the
-    global batch the replicas train on: data Keras did not distribute
-    (`distribute_datasets_from_function`, a `DistributedDataset`), and, on
-    several workers, data that is not sharded by its examples (a `tf.data`
-    pipeline the strategy may shard by files, each worker batching its
-    own)."""
+def keras_dataset(epoch_iterator: Any) -> tf.data.Dataset | None:
+    """The `tf.data` dataset Keras's `TFEpochIterator` distributed (the one
+    its adapter made), or `None`: data the user distributed
+    (`DistributedDataset`, `distribute_datasets_from_function`). Read off
+    the distributed dataset (`DistributedDataset._original_dataset`):
+    asking the adapter again would build an array's pipeline again, which
+    embeds the arrays (tens of milliseconds a `fit()` call)."""
     adapter: Any = getattr(epoch_iterator, "data_adapter", None)
-    try:
-        dataset = adapter.get_tf_dataset()
-    except Exception:  # an adapter without a tf.data form
-        return None
-    if not isinstance(dataset, tf.data.Dataset):
-        return None
-    if topology.of(strategy).workers > 1 and not _sharded_by_examples(dataset, adapter):
+    if type(adapter).__name__ == "TFDatasetAdapter":
+        if not isinstance(adapter.get_tf_dataset(), tf.data.Dataset):
+            return None  # distributed by the user
+    distributed = names.attribute(epoch_iterator, "_distributed_dataset", None)
+    if isinstance(distributed, DeferredDataset):
+        return distributed.source
+    dataset = names.attribute(distributed, "_original_dataset", None)
+    if dataset is None:  # not distributed (no strategy)
+        try:
+            dataset = adapter.get_tf_dataset()
+        except Exception:  # an adapter without a tf.data form
+            return None
+    return dataset if isinstance(dataset, tf.data.Dataset) else None
+
+
+def with_positions(
+    dataset: tf.data.Dataset, adapter: Any, strategy: tf.distribute.Strategy
+) -> Any:
+    """`dataset` (`keras_dataset`'s) distributed by `strategy`, each batch a
+    `PositionedBatch`; `None` where a position in the dataset's global
+    batch is not a position in the global batch the replicas train on:
+    on several workers, data that is not sharded by its examples (a
+    `tf.data` pipeline the strategy may shard by files, each worker
+    batching its own). Costs one more distribution of the dataset a
+    `fit()` call (Keras distributed it before its batches could carry
+    positions)."""
+    if topology.of(strategy).workers > 1 and not _sharded_by_examples(
+        dataset, adapter
+    ):
         return None
     spec = dataset.element_spec
     first = tf.nest.flatten(spec)[0]

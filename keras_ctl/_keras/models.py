@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.iterators import DeferredDataset
+from keras_ctl._keras.iterators import keras_dataset
 from keras_ctl._keras.iterators import with_positions
 from keras_ctl._own_code import is_users_own
 
@@ -34,17 +35,19 @@ class SymbolicBuildFromFirstReplica:
     distribute_strategy: tf.distribute.Strategy
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        dataset = None
         if iterator is not None:
+            dataset = keras_dataset(iterator)
             # On one device too: a resumed run replays epochs of its data
             # before it opens the first (`iterators.replay_epochs`).
-            _defer_iterators(iterator, self._batches_with_positions())
+            _defer_iterators(iterator, dataset, self._batches_with_positions())
         if strategy_created_under(self) is None or not _callable_model(self):
             # Keras builds when the step is traced (a model without `call`,
             # like the keras.io guide's GAN, can only be built so).
             return
         strategy = self.distribute_strategy
         if iterator is not None and data_batch is None:
-            data_batch = _batch_spec(iterator)
+            data_batch = None if dataset is None else dataset.element_spec
             if data_batch is None:
                 iterator = _first_replica_batches(iterator, strategy)
             else:
@@ -134,38 +137,27 @@ def _callable_model(model):
     return isinstance(model, functional) or type(model).call is not keras.Model.call
 
 
-def _batch_spec(epoch_iterator):
-    """The `tf.TensorSpec` nest of one batch, or `None` when unknown."""
-    adapter: Any = getattr(epoch_iterator, "data_adapter", None)
-    try:
-        dataset = adapter.get_tf_dataset()
-    except Exception:  # an adapter without a tf.data form
-        return None
-    if not isinstance(dataset, tf.data.Dataset):
-        return None  # e.g. a dataset the user distributed already
-    return dataset.element_spec
-
-
-def _defer_iterators(epoch_iterator, positioned=False):
+def _defer_iterators(epoch_iterator, source, positioned=False):
     """Makes Keras's epoch iterator open each distributed iterator on first
     use (`TFEpochIterator._distributed_dataset`, returned by its
     `_get_iterator`, is what it calls `iter()` on, one epoch ahead); with
-    `positioned`, each batch carries its examples' positions in the global
-    batch, where they are known (`iterators.with_positions`).
+    `positioned`, each batch of `source` (`iterators.keras_dataset`)
+    carries its examples' positions in the global batch, where they are
+    known (`iterators.with_positions`).
     """
     dataset = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
-        if positioned:
-            strategy = names.attribute(epoch_iterator, "_distribute_strategy")
-            dataset = with_positions(epoch_iterator, strategy) or dataset
         adapter: Any = getattr(epoch_iterator, "data_adapter", None)
+        if positioned and source is not None:
+            strategy = names.attribute(epoch_iterator, "_distribute_strategy")
+            dataset = with_positions(source, adapter, strategy) or dataset
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and
         # the batches their `num_batches` counts (None when unknown or
         # infinite): an array's batches, a dataset's finite cardinality.
         replayable = type(adapter).__name__ in ("ArrayDataAdapter", "TFDatasetAdapter")
         batches = adapter.num_batches if replayable else None
         epoch_iterator._distributed_dataset = DeferredDataset(
-            dataset, replayable, batches
+            dataset, replayable, batches, source
         )
 
 

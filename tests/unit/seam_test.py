@@ -52,6 +52,7 @@ def live_objects():
         model.layers[1],
         model.layers[1](tf.constant(x)),
         epoch_iterator,
+        strategy.experimental_distribute_dataset(dataset),
         iter(strategy.experimental_distribute_dataset(dataset)),
         tf.function(lambda: 0),
     ]
