@@ -1,7 +1,8 @@
 """Every layer of `keras.layers` that takes a `seed`, in a model of its
-own, trained with `keras.Model` on one device and with `CTLModel` under
-`random_draws="as_one_device"` on replicas: the matrix of seeded random
-layers.
+own, trained with `keras.Model` on one device and with `CTLModel` on
+replicas or workers, drawing one device's numbers (the default), in the
+default training step or the keras.io guide's step of one's own: the
+matrix of seeded random layers.
 
 `BUILDERS` maps each layer's name to its input shape and a function that
 applies it; `NOT_DRAWING` names the layers with a `seed` that draw nothing
@@ -200,10 +201,11 @@ def in_suite(name):
     return dtype, 48 + (hashed // 3) % 2
 
 
-def check(name, dtype, examples, strategy):
+def check(name, dtype, examples, strategy, own_step=False):
     """`(outcome, found)`: `outcome(name, dtype)` and what `strategy`'s
     replicas gave against one device: the largest difference of the
-    weights, or the start of the error's message."""
+    weights, or the start of the error's message; with `own_step`, both
+    models train with the keras.io guide's `train_step`."""
     from configurations import computing_in
 
     import keras_ctl
@@ -212,9 +214,9 @@ def check(name, dtype, examples, strategy):
     if expected[0] == "keras fails":
         return expected, None
     with computing_in(dtype):
-        want = trained(name, keras.Model, _one_device(), examples)
+        want = trained(name, keras.Model, _one_device(), examples, own_step)
         try:
-            got = trained(name, keras_ctl.CTLModel, strategy, examples)
+            got = trained(name, keras_ctl.CTLModel, strategy, examples, own_step)
         except ValueError as error:
             return expected, str(error)
     return expected, max(
@@ -252,11 +254,16 @@ def coverage():
     return missing
 
 
-def trained(name, base, strategy, examples, batch=8, seed=1):
+def trained(name, base, strategy, examples, own_step=False, batch=8, seed=1):
     """The weights of a model applying layer `name` (then a Dense head),
-    `base` on `strategy`, fitted one epoch on `examples` examples in the
-    current dtype; `CTLModel` with `random_draws="as_one_device"`."""
+    `base` on `strategy` (with the keras.io guide's `train_step` when
+    `own_step`), fitted one epoch on `examples` examples in the current
+    dtype; `CTLModel` with its default `random_draws`."""
+    from cases import keras_io_guide_model
+
     shape, apply = BUILDERS[name]
+    if own_step:
+        base = keras_io_guide_model(base, "train_step")
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.uniform(size=(examples, *shape)).astype(keras.config.floatx())
@@ -265,7 +272,6 @@ def trained(name, base, strategy, examples, batch=8, seed=1):
         inputs = keras.Input(shape)
         outputs = L.Dense(2)(L.Flatten()(apply(inputs, seed)))
         model = base(inputs, outputs)
-        options = {} if base is keras.Model else {"random_draws": "as_one_device"}
-        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", **options)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     return [np.asarray(w) for w in model.get_weights()]
