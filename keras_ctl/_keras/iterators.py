@@ -93,9 +93,7 @@ def with_positions(
     batching its own). Costs one more distribution of the dataset a
     `fit()` call (Keras distributed it before its batches could carry
     positions)."""
-    if topology.of(strategy).workers > 1 and not _sharded_by_examples(
-        dataset, adapter
-    ):
+    if topology.of(strategy).workers > 1 and not _sharded_by_examples(dataset, adapter):
         return None
     spec = dataset.element_spec
     first = tf.nest.flatten(spec)[0]
