@@ -73,12 +73,9 @@ def keras_dataset(epoch_iterator: Any) -> tf.data.Dataset | None:
     distributed = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if isinstance(distributed, DeferredDataset):
         return distributed.source
+    if isinstance(distributed, tf.data.Dataset):
+        return distributed  # the default strategy distributes nothing
     dataset = names.attribute(distributed, "_original_dataset", None)
-    if dataset is None:  # not distributed (no strategy)
-        try:
-            dataset = adapter.get_tf_dataset()
-        except Exception:  # an adapter without a tf.data form
-            return None
     return dataset if isinstance(dataset, tf.data.Dataset) else None
 
 
