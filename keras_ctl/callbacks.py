@@ -268,8 +268,9 @@ class BackupAndRestore(keras.callbacks.Callback):
         )
 
     def _warn_if_random_on_another_count(self, saved_replicas):
-        """Each replica draws its own random numbers: a model that draws
-        them trains otherwise on another replica count."""
+        """A model whose replicas draw their own random numbers
+        (`random_draws="per_replica"`, or the default under XLA) trains
+        otherwise on another replica count."""
         replicas = self.model.distribute_strategy.num_replicas_in_sync
         if saved_replicas in (None, replicas) or not _draws_random(self.model):
             return
