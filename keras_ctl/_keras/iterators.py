@@ -79,9 +79,7 @@ def keras_dataset(epoch_iterator: Any) -> tf.data.Dataset | None:
     return dataset if isinstance(dataset, tf.data.Dataset) else None
 
 
-def with_positions(
-    dataset: tf.data.Dataset, adapter: Any, strategy: tf.distribute.Strategy
-) -> Any:
+def with_positions(dataset: tf.data.Dataset, strategy: tf.distribute.Strategy) -> Any:
     """`dataset` (`keras_dataset`'s) distributed by `strategy`, each batch a
     `PositionedBatch`; `None` where a position in the dataset's global
     batch is not a position in the global batch the replicas train on:
@@ -90,7 +88,7 @@ def with_positions(
     batching its own). Costs one more distribution of the dataset a
     `fit()` call (Keras distributed it before its batches could carry
     positions)."""
-    if topology.of(strategy).workers > 1 and not _sharded_by_examples(dataset, adapter):
+    if topology.of(strategy).workers > 1 and not _sharded_by_examples(dataset):
         return None
     spec = dataset.element_spec
     first = tf.nest.flatten(spec)[0]
@@ -113,12 +111,10 @@ def _rebuilt(spec: Any, element: tuple[Any, ...]) -> Any:
     return type(spec)(*element) if hasattr(spec, "_fields") else tuple(element)
 
 
-def _sharded_by_examples(dataset: tf.data.Dataset, adapter: Any) -> bool:
-    """Whether the strategy shards `dataset` among workers by its examples
-    (`AutoShardPolicy.DATA`): arrays (no files) always, a pipeline when its
-    options say so."""
-    if type(adapter).__name__ == "ArrayDataAdapter":
-        return True
+def _sharded_by_examples(dataset: tf.data.Dataset) -> bool:
+    """Whether the strategy shards `dataset` among workers by its examples:
+    its options say `AutoShardPolicy.DATA` (Keras's pipeline of arrays
+    does)."""
     policy = dataset.options().experimental_distribute.auto_shard_policy
     return policy == tf.data.experimental.AutoShardPolicy.DATA
 

@@ -150,7 +150,7 @@ def _defer_iterators(epoch_iterator, source, positioned=False):
         adapter: Any = getattr(epoch_iterator, "data_adapter", None)
         if positioned and source is not None:
             strategy = names.attribute(epoch_iterator, "_distribute_strategy")
-            dataset = with_positions(source, adapter, strategy) or dataset
+            dataset = with_positions(source, strategy) or dataset
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and
         # the batches their `num_batches` counts (None when unknown or
         # infinite): an array's batches, a dataset's finite cardinality.
