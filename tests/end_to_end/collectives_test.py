@@ -24,13 +24,14 @@ def counts(tmp_path_factory):
             "--workers",
             2,
             "--timeout",
-            240,
+            # 145 s alone; twice that beside another test process.
+            600,
             "--",
             children.PYTHON,
             os.path.join(children.ROOT, "benchmarks", "collectives.py"),
             out,
         ],
-        timeout=300,
+        timeout=660,
     )
     assert result.returncode == 0, children.output(result)
     return json.loads(out.read_text())
