@@ -2,6 +2,7 @@
 one device makes them (`draw_rows_as_one_device`)."""
 
 import contextlib
+import functools
 import inspect
 import threading
 import weakref
@@ -12,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_ctl._keras import names
+from keras_ctl._keras import stateless_rows
 from keras_ctl._keras.state import _in_step
 
 
@@ -160,25 +162,103 @@ def shaped_as_one_device(original):
     TensorFlow backend, drawing as one device (`draw_rows_as_one_device`).
 
     TensorFlow's stateless random ops fill an output from one counter-based
-    stream in row-major order, so the first rows of a larger draw are the
-    smaller draw: rows `offset:` of an `offset + rows` draw are the rows
-    one device draws for this replica's examples. The seed is drawn once,
-    by Keras's own function. Replaces the function in
-    `keras.src.backend.tensorflow.random` (checked on Keras 3.12.0 and
-    3.15.1).
+    stream in row-major order, so this replica's rows of one device's draw
+    are drawn alone from the stream advanced past the rows before them
+    (`stateless_rows.rows_of`), with the seed Keras draws, once, by its own
+    function. A draw that is not for the replica's rows is Keras's own.
+    Replaces the function in `keras.src.backend.tensorflow.random`
+    (checked on Keras 3.12.0 and 3.15.1).
     """
+    signature = inspect.signature(original)
+    rows_alone = _ROWS_ALONE[original.__name__]
 
-    def draw(shape, *args, **kwargs):
+    def draw(*args, **kwargs):
         if getattr(_in_step, "random_rows", None) is None:
-            return original(shape, *args, **kwargs)
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        shape = bound.arguments.pop("shape")
         shape_tensor = _shape_tensor(shape)
         if shape_tensor is None:
-            return original(shape, *args, **kwargs)
+            return original(*args, **kwargs)
         before = _rows_before(_first(shape, shape_tensor))
-        wider = tf.concat([[shape_tensor[0] + before], shape_tensor[1:]], 0)
-        return original(wider, *args, **kwargs)[before:]
+        if tf.get_static_value(before) == 0:
+            return original(*args, **kwargs)
+        bound.arguments["seed"] = _keras_seed(bound.arguments["seed"])
+        drawn = rows_alone(shape_tensor, before, **bound.arguments)
+        drawn.set_shape(_static_shape(shape))
+        return drawn
 
     return draw
+
+
+def _normal_rows(shape, before, mean, stddev, dtype, seed, kind="normal"):
+    """Keras's `normal` (and `truncated_normal`): TensorFlow's stateless
+    draw, scaled as `tf.random.stateless_normal` scales it."""
+    dtype = dtype or keras.config.floatx()
+    drawn = stateless_rows.rows_of(kind, shape, before, seed, dtype)
+    return drawn * tf.convert_to_tensor(stddev, dtype) + tf.convert_to_tensor(
+        mean, dtype
+    )
+
+
+def _uniform_rows(shape, before, minval, maxval, dtype, seed):
+    """Keras's `uniform`: `tf.random.stateless_uniform` of `minval` and
+    `maxval` cast to `dtype`."""
+    dtype = tf.as_dtype(dtype or keras.config.floatx())
+    minval, maxval = tf.cast(minval, dtype), tf.cast(maxval, dtype)
+    if dtype.is_integer:
+        bounds = {"minval": minval, "maxval": maxval}
+        return stateless_rows.rows_of(
+            "uniform_int", shape, before, seed, dtype, **bounds
+        )
+    drawn = stateless_rows.rows_of("uniform", shape, before, seed, dtype)
+    return drawn * (maxval - minval) + minval
+
+
+def _randint_rows(shape, before, minval, maxval, dtype, seed):
+    """Keras's `randint`: a uniform integer draw in int32 or int64, cast."""
+    drawn_as = (
+        dtype
+        if keras.backend.standardize_dtype(dtype) in ("int32", "int64")
+        else "int64"
+    )
+    bounds = {
+        "minval": tf.convert_to_tensor(minval, drawn_as),
+        "maxval": tf.convert_to_tensor(maxval, drawn_as),
+    }
+    drawn = stateless_rows.rows_of(
+        "uniform_int", shape, before, seed, drawn_as, **bounds
+    )
+    return tf.cast(drawn, dtype)
+
+
+_ROWS_ALONE = {
+    "normal": _normal_rows,
+    "truncated_normal": functools.partial(_normal_rows, kind="truncated_normal"),
+    "uniform": _uniform_rows,
+    "randint": _randint_rows,
+}
+
+
+def _keras_seed(seed):
+    """The seed Keras's TensorFlow draws use for `seed` (a number, a seed
+    generator, or `None` for the global one), drawn as Keras draws it; the
+    `_..._rows` functions take it so drawn."""
+    draw_seed = names.member("keras.src.random.seed_generator", "draw_seed")
+    cast_seed = names.member("keras.src.backend.tensorflow.random", "_cast_seed")
+    return cast_seed(draw_seed(seed))
+
+
+def _static_shape(shape):
+    """What is known of `shape` (a list, a `TensorShape` or a tensor)
+    before the step runs."""
+    if isinstance(shape, tf.TensorShape):
+        return shape
+    if isinstance(shape, (list, tuple)):
+        return tf.TensorShape([_static(dimension) for dimension in shape])
+    static = tf.get_static_value(shape, partial=True)
+    return tf.TensorShape(None if static is None else [_static(d) for d in static])
 
 
 # Keras's random functions whose first argument is the output's shape and
@@ -359,22 +439,41 @@ _SHUFFLE_REFUSED = (
 
 def dropout_as_one_device(original):
     """Keras's TensorFlow `dropout`, drawing its mask as one device
-    (`shaped_as_one_device`): the inputs get `offset` rows of zeros in
-    front, dropped again after. Replaces
+    (`shaped_as_one_device`): TensorFlow's own stateless dropout, its
+    uniform numbers this replica's rows of one device's draw. Replaces
     `keras.src.backend.tensorflow.random.dropout`."""
 
     def dropout(inputs, rate, noise_shape=None, seed=None):
         rank = inputs.shape.rank
-        if getattr(_in_step, "random_rows", None) is None or not rank:
+        if (
+            getattr(_in_step, "random_rows", None) is None
+            or not rank
+            or (isinstance(rate, (int, float)) and rate in (0, 1))
+        ):
             return original(inputs, rate, noise_shape=noise_shape, seed=seed)
-        rows = tf.shape(inputs)[0]
-        if noise_shape is not None and noise_shape[0] is not None:
-            rows = noise_shape[0]
-        before = _rows_before(rows)
-        wider = _rows_in_front(inputs, before)
-        if noise_shape is not None and noise_shape[0] is not None:
-            noise_shape = (rows + before, *noise_shape[1:])
-        return original(wider, rate, noise_shape=noise_shape, seed=seed)[before:]
+        concrete_noise_shape = names.member(
+            "keras.src.backend.tensorflow.random", "_get_concrete_noise_shape"
+        )(inputs, noise_shape)
+        before = _rows_before(concrete_noise_shape[0])
+        if tf.get_static_value(before) == 0:
+            return original(inputs, rate, noise_shape=noise_shape, seed=seed)
+        seed = _keras_seed(seed)
+
+        def uniform(shape, dtype):
+            # `tf.random.stateless_uniform` in [0, 1), as TensorFlow's
+            # stateless dropout draws it.
+            rows = _shape_tensor(shape)
+            return _uniform_rows(rows, before, 0.0, 1.0, dtype, seed)
+
+        return names.member("tensorflow.python.ops.nn_ops", "_dropout")(
+            inputs,
+            rate,
+            concrete_noise_shape,
+            uniform,
+            lambda: None,
+            None,
+            "stateless_dropout",
+        )
 
     return dropout
 

@@ -1,0 +1,60 @@
+"""One replica's rows of a stateless draw for the global batch, drawn
+alone (`rows_of`).
+
+TensorFlow's stateless random kernels (Philox, which they pick on CPU and
+GPU) fill their output in row-major order, a group of elements at a time:
+group `g` is drawn from the key and the counter advanced by `g` times a
+fixed step. So rows `before:` of a draw of `before + rows` rows are a draw
+of their own from an advanced counter, and a replica draws only its own
+examples' numbers instead of every row up to them. Checked bit for bit
+against the wider draw, for each kind and dtype, in the tests.
+"""
+
+import tensorflow as tf
+
+_KERNELS = {
+    "uniform": tf.raw_ops.StatelessRandomUniformV2,
+    "normal": tf.raw_ops.StatelessRandomNormalV2,
+    "truncated_normal": tf.raw_ops.StatelessTruncatedNormalV2,
+    "uniform_int": tf.raw_ops.StatelessRandomUniformIntV2,
+}
+
+# Counter steps per group: one Philox block (four 32-bit numbers) a group,
+# except truncated normal, which reserves 256 numbers an element for its
+# rejections (`kReservedSamplesPerOutput` in TensorFlow's kernels).
+_RESERVED_PER_ELEMENT = {"truncated_normal": 256}
+
+
+def rows_of(kind, shape, before, seed, dtype, **bounds):
+    """Rows `before:` of TensorFlow's stateless `kind` draw (see
+    `_KERNELS`) of shape `[before + shape[0], *shape[1:]]` with `seed`,
+    before any scaling: the numbers of the kernel, of shape `shape`.
+    `before` may be a tensor; `bounds` are the kernel's other inputs
+    (`minval`, `maxval` of `uniform_int`)."""
+    dtype = tf.as_dtype(dtype)
+    shape = tf.cast(shape, tf.int64)
+    # A Philox block is four 32-bit numbers: four elements of 32 bits or
+    # less, or two of 64.
+    per_group = 2 if dtype.size == 8 else 4
+    steps = max(1, _RESERVED_PER_ELEMENT.get(kind, 1) * per_group // 4)
+    start = tf.cast(before, tf.int64) * tf.reduce_prod(shape[1:])
+    group = start // per_group
+    lead = start - group * per_group
+    key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
+    count = tf.reshape(lead + tf.reduce_prod(shape), [1])
+    drawn = _KERNELS[kind](
+        shape=count,
+        key=key,
+        counter=_advanced(counter, group * steps),
+        alg=alg,
+        **({"dtype": dtype} if kind != "uniform_int" else {}),
+        **bounds,
+    )
+    return tf.reshape(drawn[lead:], shape)
+
+
+def _advanced(counter, steps):
+    """The 128-bit Philox `counter` (two uint64, low first) plus `steps`."""
+    low = counter[0] + tf.cast(steps, tf.uint64)
+    carry = tf.cast(low < counter[0], tf.uint64)
+    return tf.stack([low, counter[1] + carry])
