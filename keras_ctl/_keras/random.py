@@ -86,10 +86,13 @@ def is_seed_state(variable: Any) -> bool:
 def draw_rows_as_one_device(rows, offset, static_rows=None):
     """Within it (this replica step's thread), a Keras random draw whose
     first dimension is this replica's `rows` draws the numbers one device
-    draws for those examples: the global batch's first `offset + rows` rows
-    with the step's seed (the same on every replica), of which it keeps its
-    own, the last `rows` (`offset`: the examples of the replicas before
-    this one). Other draws (one per batch) are one device's already: every
+    draws for those examples: rows `offset : offset + rows` of the global
+    batch's draw with the step's seed (the same on every replica;
+    `offset`: the examples of the replicas before this one). Keras's
+    `normal`, `uniform`, `truncated_normal`, `randint` and `dropout` draw
+    those rows alone (`stateless_rows`); `gamma`, `binomial`, `beta` and
+    `categorical` draw the first `offset + rows` rows and keep the last
+    `rows`. Other draws (one per batch) are one device's already: every
     replica uses the seed one device uses. `static_rows` is the replica's
     number of rows where the step knows it before it runs (every batch
     splits evenly), else `None`. `offset` may be a function that computes
@@ -185,7 +188,7 @@ def shaped_as_one_device(original):
         if tf.get_static_value(before) == 0:
             return original(*args, **kwargs)
         bound.arguments["seed"] = _keras_seed(bound.arguments["seed"])
-        drawn = rows_alone(shape_tensor, before, **bound.arguments)
+        drawn = rows_alone(shape, before, **bound.arguments)
         drawn.set_shape(_static_shape(shape))
         return drawn
 
@@ -462,8 +465,7 @@ def dropout_as_one_device(original):
         def uniform(shape, dtype):
             # `tf.random.stateless_uniform` in [0, 1), as TensorFlow's
             # stateless dropout draws it.
-            rows = _shape_tensor(shape)
-            return _uniform_rows(rows, before, 0.0, 1.0, dtype, seed)
+            return _uniform_rows(shape, before, 0.0, 1.0, dtype, seed)
 
         return names.member("tensorflow.python.ops.nn_ops", "_dropout")(
             inputs,

@@ -10,6 +10,7 @@ examples' numbers instead of every row up to them. Checked bit for bit
 against the wider draw, for each kind and dtype, in the tests.
 """
 
+import numpy as np
 import tensorflow as tf
 
 _KERNELS = {
@@ -32,25 +33,52 @@ def rows_of(kind, shape, before, seed, dtype, **bounds):
     `before` may be a tensor; `bounds` are the kernel's other inputs
     (`minval`, `maxval` of `uniform_int`)."""
     dtype = tf.as_dtype(dtype)
-    shape = tf.cast(shape, tf.int64)
+    dimensions = _dimensions(shape)
     # A Philox block is four 32-bit numbers: four elements of 32 bits or
     # less, or two of 64.
     per_group = 2 if dtype.size == 8 else 4
     steps = max(1, _RESERVED_PER_ELEMENT.get(kind, 1) * per_group // 4)
-    start = tf.cast(before, tf.int64) * tf.reduce_prod(shape[1:])
-    group = start // per_group
-    lead = start - group * per_group
+    per_row = _product(dimensions[1:])
+    start = tf.cast(before, tf.int64) * per_row
+    lead = start % per_group
+    count = lead + tf.cast(dimensions[0], tf.int64) * per_row
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
-    count = tf.reshape(lead + tf.reduce_prod(shape), [1])
     drawn = _KERNELS[kind](
-        shape=count,
+        shape=tf.reshape(count, [1]),
         key=key,
-        counter=_advanced(counter, group * steps),
+        counter=_advanced(counter, start // per_group * steps),
         alg=alg,
         **({"dtype": dtype} if kind != "uniform_int" else {}),
         **bounds,
     )
-    return tf.reshape(drawn[lead:], shape)
+    return tf.reshape(drawn[lead:], tf.stack(dimensions))
+
+
+def _dimensions(shape):
+    """`shape` (a list, a `TensorShape` or a 1-D tensor of known length) as
+    a list: Python ints where known before the step runs, else int64
+    scalars."""
+    if isinstance(shape, tf.TensorShape):
+        shape = shape.as_list()
+    if not isinstance(shape, (list, tuple)):
+        shape = tf.unstack(tf.convert_to_tensor(shape))
+    dimensions = []
+    for dimension in shape:
+        static = tf.get_static_value(dimension)
+        dimensions.append(
+            tf.cast(dimension, tf.int64) if static is None else int(static)
+        )
+    return dimensions
+
+
+def _product(dimensions):
+    """The product of `dimensions`: a Python int where all are, no op."""
+    static = [d for d in dimensions if isinstance(d, int)]
+    dynamic = [d for d in dimensions if not isinstance(d, int)]
+    product = int(np.prod(static, dtype=np.int64))
+    for dimension in dynamic:
+        product = product * dimension
+    return product
 
 
 def _advanced(counter, steps):
