@@ -6,6 +6,7 @@ import functools
 import inspect
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -236,7 +237,7 @@ def _randint_rows(shape, before, minval, maxval, dtype, seed):
     return tf.cast(drawn, dtype)
 
 
-_ROWS_ALONE = {
+_ROWS_ALONE: dict[str, Callable[..., Any]] = {
     "normal": _normal_rows,
     "truncated_normal": functools.partial(_normal_rows, kind="truncated_normal"),
     "uniform": _uniform_rows,

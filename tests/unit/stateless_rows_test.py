@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_ctl._keras import names, stateless_rows
+from keras_ctl._keras import names
 from keras_ctl._keras import random as random_seam
+from keras_ctl._keras import stateless_rows
 
 BACKEND = names.module("keras.src.backend.tensorflow.random")
 GLOBAL_ROWS = 7
