@@ -189,9 +189,7 @@ def shaped_as_one_device(original):
         if tf.get_static_value(before) == 0:
             return original(*args, **kwargs)
         bound.arguments["seed"] = _keras_seed(bound.arguments["seed"])
-        drawn = rows_alone(shape, before, **bound.arguments)
-        drawn.set_shape(_static_shape(shape))
-        return drawn
+        return rows_alone(shape, before, **bound.arguments)
 
     return draw
 
@@ -252,17 +250,6 @@ def _keras_seed(seed):
     draw_seed = names.member("keras.src.random.seed_generator", "draw_seed")
     cast_seed = names.member("keras.src.backend.tensorflow.random", "_cast_seed")
     return cast_seed(draw_seed(seed))
-
-
-def _static_shape(shape):
-    """What is known of `shape` (a list, a `TensorShape` or a tensor)
-    before the step runs."""
-    if isinstance(shape, tf.TensorShape):
-        return shape
-    if isinstance(shape, (list, tuple)):
-        return tf.TensorShape([_static(dimension) for dimension in shape])
-    static = tf.get_static_value(shape, partial=True)
-    return tf.TensorShape(None if static is None else [_static(d) for d in static])
 
 
 # Keras's random functions whose first argument is the output's shape and
