@@ -364,6 +364,44 @@ def watching_replica_arithmetic() -> Iterator[None]:
         sys.setprofile(previous)
 
 
+@contextlib.contextmanager
+def replica_arithmetic_noted() -> Iterator[list[str]]:
+    """Within it (this thread), the names of the replica arithmetic called
+    (TensorFlow's, `_tensorflows_replica_arithmetic`, and keras_ctl's
+    collectives and replica count), in a list it yields, whatever name they
+    are called by. The previous profile function is back on every exit."""
+    import keras_ctl
+
+    watched = _tensorflows_replica_arithmetic()
+    for name in _KERAS_CTLS_REPLICA_ARITHMETIC:
+        code = _code_of(getattr(keras_ctl, name))
+        if code is not None:
+            watched[code] = f"keras_ctl.{name}"
+    noted: list[str] = []
+    previous: Any = sys.getprofile()
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if previous is not None and callable(previous):
+            previous(frame, event, arg)
+        if event == "call" and frame.f_code in watched:
+            noted.append(watched[frame.f_code])
+
+    sys.setprofile(profile)
+    try:
+        yield noted
+    finally:
+        sys.setprofile(previous)
+
+
+_KERAS_CTLS_REPLICA_ARITHMETIC = (
+    "all_gather",
+    "all_reduce_sum",
+    "global_mean",
+    "num_replicas",
+    "row_offset",
+)
+
+
 def _tensorflows_replica_arithmetic() -> dict[types.CodeType, str]:
     """`{code: name}` of TensorFlow's replica arithmetic: the two loss
     scalings of `tf.nn`, the collectives of every replica context class

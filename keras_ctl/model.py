@@ -356,7 +356,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
     @_signature.keras_signature(
         keras.Model.compile,
         gradient_accumulation=(str, "micro_batches"),
-        compute_loss_over=(str, "replica_batch"),
+        compute_loss_over=(str | None, None),
         random_draws=(str | None, None),
         batch_statistics=(str | None, None),
     )
@@ -364,7 +364,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         self,
         *args: Any,
         gradient_accumulation: str = "micro_batches",
-        compute_loss_over: str = "replica_batch",
+        compute_loss_over: str | None = None,
         random_draws: str | None = None,
         batch_statistics: str | None = None,
         **kwargs: Any,
@@ -383,9 +383,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 e.g. at the end of an epoch). Either way the gradients
                 cross replicas once per update.
             compute_loss_over: What a `compute_loss` of the model's own
-                sees under several replicas: `"replica_batch"` (default):
-                each replica's part of the batch, its loss weighed by that
-                part's share of the global batch; `"global_batch"`: every
+                sees under several replicas: `"replica_batch"`: each
+                replica's part of the batch, its loss weighed by that
+                part's share of the global batch (one device's loss for a
+                mean over examples); `None` (default): the same, but the
+                first batch of the first `fit()` or `evaluate()` is
+                measured before any step (the loss on the whole batch
+                against its halves', on the model's predictions with
+                `training=False`), and a loss that is not a mean over
+                examples (a sum, a loss coupling the batch's examples) is
+                refused with a `ValueError` naming the numbers and both
+                choices; `"global_batch"`: every
                 replica's rows of `x`, `y`, `y_pred` and `sample_weight`
                 (`keras_ctl.all_gather`), for a loss that couples the
                 examples of the batch (in-batch negatives, a contrastive
@@ -481,7 +489,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine = self._engine
         for name, default in (
             ("gradient_accumulation", "micro_batches"),
-            ("compute_loss_over", "replica_batch"),
+            ("compute_loss_over", None),
             ("random_draws", None),
             ("batch_statistics", None),
         ):

@@ -376,46 +376,22 @@ _OWN_LOSS = (
 def _measured_loss(model: keras.Model, batch: Any) -> str | None:
     """How the model's `compute_loss` on `batch` differs from a mean over
     examples, with the remedy; `None` when it is one (to 1e-5)."""
-    import tensorflow as tf
-    from keras import tree
+    from keras_ctl._engine import loss_mean
 
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(batch))
-    rows = int(tree.flatten(x)[0].shape[0])
-    if rows < 2:
+    if loss_mean.examples_in(batch) < 2:
         raise ValueError(
             "Expected `batch` to hold at least two examples (its halves are "
-            f"compared). Received: a batch of {rows} example(s)."
+            f"compared). Received: a batch of {loss_mean.examples_in(batch)} "
+            "example(s)."
         )
-    state = [v.numpy() for v in model.variables + model.metrics_variables]
-
-    def loss_of(start: int, stop: int) -> float:
-        part = tree.map_structure(
-            lambda a: None if a is None else tf.convert_to_tensor(a)[start:stop],
-            (x, y, sample_weight),
-        )
-        y_pred = model(part[0], training=False)
-        loss = model.compute_loss(*part[:2], y_pred, part[2], training=False)
-        return float(np.mean(loss))
-
-    half = rows // 2
-    whole, first, second = loss_of(0, rows), loss_of(0, half), loss_of(half, rows)
-    for variable, value in zip(model.variables + model.metrics_variables, state):
-        variable.assign(value)
-    mean_of_halves = (half * first + (rows - half) * second) / rows
-    if np.isclose(whole, mean_of_halves, rtol=1e-5, atol=1e-7):
+    measured = loss_mean.measure(model, batch)
+    if measured is None or measured.is_mean:
         return None
-    kind = (
-        "a sum over examples"
-        if np.isclose(whole, first + second, rtol=1e-5, atol=1e-7)
-        else "a loss that couples the batch's examples"
-    )
     return (
-        f"a `compute_loss` of your own, measured on a batch of {rows}: "
-        f"{whole:.6g} on the whole batch, {first:.6g} and {second:.6g} on its "
-        f"halves, whose size-weighted mean is {mean_of_halves:.6g}. It is "
-        f"{kind}, which each replica computes on its part of the batch only. "
-        'Compile with `compute_loss_over="global_batch"`: it then sees the '
-        "global batch, and trains as on one device."
+        f"a `compute_loss` of your own: {measured}, which each replica "
+        "computes on its part of the batch only. Compile with "
+        '`compute_loss_over="global_batch"`: it then sees the global batch, '
+        "and trains as on one device."
     )
 
 

@@ -11,6 +11,7 @@ between calls is the model's `state.of(model)`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from keras_ctl import _keras
 from keras_ctl._engine import accumulation
 from keras_ctl._engine import forward
 from keras_ctl._engine import loop
+from keras_ctl._engine import loss_mean
 from keras_ctl._engine import random_draws
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.accumulation import OptimizerPairs
@@ -154,6 +156,11 @@ def _step_function(
         warns_of_replica_draws=training and random_draws.warns_of_replica_draws(model),
         weights=lambda: model.weights,
         step_name=f"{type(model).__name__}.{'train_step' if training else 'test_step'}",
+        first_batch_check=(
+            functools.partial(loss_mean.refuse_unless_mean, model)
+            if loss_mean.measured_by_default(model, training)
+            else None
+        ),
     )
     return compiled_pass, StepFunction(parts, step, plan, training=training)
 

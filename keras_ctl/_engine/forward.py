@@ -52,7 +52,7 @@ from keras_ctl._replicas import read_as_batch_losses
 from keras_ctl._replicas import sum_across_replicas
 
 # What a `compute_loss` of one's own sees (`CTLModel.compile`).
-COMPUTE_LOSS_OVER = ("replica_batch", "global_batch")
+COMPUTE_LOSS_OVER = (None, "replica_batch", "global_batch")
 
 
 class Pass(NamedTuple):

@@ -62,6 +62,10 @@ class StepParts(NamedTuple):
         warns_of_replica_draws: Whether a training step that draws, each
             replica its own numbers, is warned of
             (`random_draws.warns_of_replica_draws`).
+        first_batch_check: Called with the first batch the function reads
+            (as the strategy distributed it) and the iterator's element
+            spec, before any step runs on it, or `None`
+            (`loss_mean.refuse_unless_mean`).
     """
 
     strategy: tf.distribute.Strategy
@@ -74,6 +78,7 @@ class StepParts(NamedTuple):
     warns_of_replica_draws: bool = False
     step_name: str = "the step"
     weights: Callable[[], list[Any]] = list
+    first_batch_check: Callable[[Any, Any], None] | None = None
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ class EngineState:
     Attributes:
         gradient_accumulation: `compile(gradient_accumulation=...)`:
             `"micro_batches"` or `"examples"`.
-        compute_loss_over: `compile(compute_loss_over=...)`:
+        compute_loss_over: `compile(compute_loss_over=...)`: `None`,
             `"replica_batch"` or `"global_batch"`.
         random_draws: `compile(random_draws=...)`: `None`,
             `"as_one_device"` or `"per_replica"` (`random_draws.MODES`).
@@ -54,7 +54,7 @@ class EngineState:
     """
 
     gradient_accumulation: str = "micro_batches"
-    compute_loss_over: str = "replica_batch"
+    compute_loss_over: str | None = None
     random_draws: str | None = None
     random_draws_warned: bool = False
     batch_statistics: str | None = None

@@ -6,7 +6,9 @@ For each call (one execution of up to `steps_per_execution` steps):
                   batches of the resumed epoch a killed run trained on
     loop = counted, when the number of batches left is known (arrays, a
            dataset's cardinality); else checked (asks before each batch);
-           the first call runs eagerly when the step builds state
+           the first call runs eagerly when the step builds state;
+           its first batch is read and checked first when the step has
+           a check (`loss_mean`), then trained on
     logs = loop(iterator)      # steps, then one reduction of the last logs
     return logs, with a preemption notice shared by every worker
 
@@ -74,6 +76,10 @@ class StepFunction:
         self._steps = plan.steps_per_execution
         self._run_eagerly = plan.run_eagerly
         self._first_call = True
+        self._first_batch_check = parts.first_batch_check
+        # For the first call when its first batch was read before it.
+        self._one: Callable[[Any], Any] | None = None
+        self._checked_after_first: Callable[[Any], Any] | None = None
         self._counts: dict[int, tf.Tensor] = {}
         self._scheduled: dict[int, Any] = {}
         steps = plan.steps_per_execution
@@ -119,13 +125,23 @@ class StepFunction:
         count = None
         if isinstance(deferred, DeferredIterator):
             count = deferred.batches_for_call(self._steps)
+        loop_for_call = self._loop_for(count)
+        check, self._first_batch_check = self._first_batch_check, None
+        if check is not None:
+            # The first batch, read and checked before any step runs on it.
+            iterator = _FirstBatchRead(iterator)
+            check(iterator.first, iterator.iterator.element_spec)
+            if loop_for_call is not self._eager and not self._run_eagerly:
+                loop_for_call = functools.partial(self._after_first_batch, count=count)
         try:
-            logs = _explaining_errors(self._loop_for(count), iterator, self._step)
+            logs = _explaining_errors(loop_for_call, iterator, self._step)
         except Exception as error:
             if not _needs_eager_step(error):
                 raise
             # State the step creates on first use (the seed generators of
             # unseeded draws): created by this call, run eagerly.
+            if isinstance(iterator, _FirstBatchRead):
+                iterator.unread()
             logs = _explaining_errors(self._eager, iterator, self._step)
         if count is not None:
             deferred.took(count)
@@ -146,6 +162,32 @@ class StepFunction:
             self._counts[count] = tf.constant(count)
         return functools.partial(self._counted, count=self._counts[count])
 
+    def _after_first_batch(self, read: _FirstBatchRead, count: int | None) -> Any:
+        """The call's steps, traced: the first on the batch `read` holds,
+        then the others (`count - 1`, or up to `steps_per_execution - 1`
+        while the data lasts) from its iterator."""
+        if self._one is None:
+            # Traced for the iterator's batches (a dynamic batch size), as
+            # the other steps are, not for the shapes of the one read.
+            spec = read.iterator.element_spec
+            self._one = tf.function(
+                not_converted(self._step.one), input_signature=[spec]
+            )
+        logs = self._one(read.get_next())
+        if count is not None:
+            if count > 1:
+                logs = self._counted(read.iterator, count=tf.constant(count - 1))
+            return logs
+        if self._steps == 1:
+            return logs
+        if self._checked_after_first is None:
+            checked = loop.checked(self._step, self._steps - 1)
+            self._checked_after_first = _ConcreteDispatch(checked)
+        try:
+            return self._checked_after_first(read.iterator)
+        except tf.errors.OutOfRangeError:
+            return logs  # the data held one batch
+
     def steps(self, count: int) -> Any:
         """The `tf.function` running up to `count` steps per call."""
         if count not in self._scheduled:
@@ -163,6 +205,30 @@ class StepFunction:
             if isinstance(function, _ConcreteDispatch)  # not run eagerly
             for concrete in function.concrete.values()
         ]
+
+
+class _FirstBatchRead:
+    """An iterator whose first batch is read already (`first`): the next
+    `get_next()` returns it, every other read is the `iterator`'s. An eager
+    loop reads through it; a traced one needs the iterator itself."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+        self.first = iterator.get_next()
+        self._unread = True
+
+    def unread(self) -> None:
+        """Makes the next `get_next()` return the first batch again."""
+        self._unread = True
+
+    def get_next(self) -> Any:
+        if self._unread:
+            self._unread = False
+            return self.first
+        return self.iterator.get_next()
+
+    def get_next_as_optional(self) -> Any:
+        return self.iterator.get_next_as_optional()
 
 
 def _needs_eager_step(error: BaseException | None) -> bool:
