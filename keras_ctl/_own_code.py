@@ -366,10 +366,12 @@ def watching_replica_arithmetic() -> Iterator[None]:
 
 @contextlib.contextmanager
 def replica_arithmetic_noted() -> Iterator[list[str]]:
-    """Within it (this thread), the names of the replica arithmetic called
-    (TensorFlow's, `_tensorflows_replica_arithmetic`, and keras_ctl's
-    collectives and replica count), in a list it yields, whatever name they
-    are called by. The previous profile function is back on every exit."""
+    """Within it (this thread), the names of the replica arithmetic the
+    user's code calls (TensorFlow's, `_tensorflows_replica_arithmetic`, and
+    keras_ctl's collectives and replica count), in a list it yields,
+    whatever name they are called by (Keras's own reads, such as its loss
+    scaling's replica count, are not the user's). The previous profile
+    function is back on every exit."""
     import keras_ctl
 
     watched = _tensorflows_replica_arithmetic()
@@ -383,8 +385,11 @@ def replica_arithmetic_noted() -> Iterator[list[str]]:
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if previous is not None and callable(previous):
             previous(frame, event, arg)
-        if event == "call" and frame.f_code in watched:
-            noted.append(watched[frame.f_code])
+        name = watched.get(frame.f_code) if event == "call" else None
+        if name is not None:
+            reader = frame.f_back if name.endswith("_in_sync") else _caller(frame)
+            if _is_users_frame(reader):
+                noted.append(name)
 
     sys.setprofile(profile)
     try:
