@@ -129,8 +129,8 @@ def test_a_loss_coupling_the_batch_is_measured_and_its_remedy_passes():
         )
     message = str(failure.value)
     assert (
-        "- InBatchNegatives.compute_loss: a `compute_loss` of your own, "
-        "measured on a batch of 16" in message
+        "- InBatchNegatives.compute_loss: a `compute_loss` of your own: "
+        "measured on a batch of 16, it is " in message
     )
     assert "couples the batch's examples" in message
     report = assert_replica_invariant(
