@@ -20,6 +20,7 @@ both choices; `"replica_batch"` runs it on each replica's part as written;
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -227,7 +228,10 @@ def _summed_across_replicas(
 
     if model.run_eagerly:
         return on_every_replica(element)  # type: ignore[no-any-return]
-    traced = tf.function(on_every_replica, input_signature=[spec], autograph=False)
+    # A `partial`, traced once a model (`step_function._after_first_batch`).
+    traced = tf.function(
+        functools.partial(on_every_replica), input_signature=[spec], autograph=False
+    )
     return traced(element)  # type: ignore[no-any-return]
 
 
@@ -255,7 +259,9 @@ def _gradients_on_one_device(model: keras.Model, batch: Any) -> list[tf.Tensor]:
     spec = tree.map_structure(
         lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), parts
     )
-    traced = tf.function(gradients, input_signature=spec, autograph=False)
+    traced = tf.function(
+        functools.partial(gradients), input_signature=spec, autograph=False
+    )
     return traced(*parts)  # type: ignore[no-any-return]
 
 

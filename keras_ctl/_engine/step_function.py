@@ -170,9 +170,12 @@ class StepFunction:
             # Traced for the iterator's batches (a dynamic batch size), as
             # the other steps are, not for the shapes of the one read.
             spec = read.iterator.element_spec
-            self._one = tf.function(
-                not_converted(self._step.one), input_signature=[spec]
-            )
+
+            # A `partial`: TensorFlow counts the traces of every function
+            # of one code together, and warns of retracing when models are
+            # made one after another (a tuner's trials).
+            one = functools.partial(not_converted(self._step.one))
+            self._one = tf.function(one, input_signature=[spec])
         logs = self._one(read.get_next())
         if count is not None:
             if count > 1:
@@ -294,7 +297,9 @@ class _ConcreteDispatch:
 
         # The first call goes through `tf.function`, which can create
         # variables a step makes lazily (e.g. a loaded model's optimizer).
-        traced = tf.function(rebuilt, reduce_retracing=True)
+        # A `partial`: TensorFlow counts the traces of all functions of one
+        # code together, and warned of retracing after five models.
+        traced = tf.function(functools.partial(rebuilt), reduce_retracing=True)
         outputs = traced(components, **tensors)
         self.concrete[spec] = traced.get_concrete_function(components, **tensors)
         return outputs
