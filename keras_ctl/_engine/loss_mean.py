@@ -1,15 +1,17 @@
 """Whether a `compute_loss` of the user's own is a mean over examples,
-measured on a batch before the first step.
+measured on the first batch before any step trains on it.
 
 Under R replicas the default steps weigh each replica's `compute_loss` on
 its part of the batch by that part's share of the global batch. That is
-one device's loss exactly when the loss is a mean over examples: then its
-value on a batch is the size-weighted mean of its values on the batch's
-parts. A sum over examples, or a loss that couples the batch's examples
-(in-batch negatives, a masked mean over a count of entries, PARSeq's
-permutations), is not, and nothing in how it is spelled says so. So the
-loss is measured, on the whole batch and on each half, with the model's
-variables and metrics as they were afterwards.
+one device's loss when the loss is a mean over examples (Keras's `Loss`
+objects and `super().compute_loss` are made exact in the step, whatever
+their reduction), not for a sum over examples or a loss that couples the
+batch's examples (in-batch negatives, a masked mean over a count of
+entries written by hand), and nothing in how it is spelled says which. So
+what runs is compared (`refuse_unless_mean`): the gradient the replicas'
+weighted losses sum to, against one device's gradient on the whole batch.
+The loss on the whole batch and on its halves (`measure`, also the parity
+kit's) says which kind a refused loss is.
 
 `compile(compute_loss_over=...)` decides: `None` (the default) measures
 the first batch of the first `fit()` or `evaluate()` under several
