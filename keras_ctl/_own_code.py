@@ -343,25 +343,8 @@ def watching_replica_arithmetic() -> Iterator[None]:
     `all_gather`) is checked against the reading as it is called, whatever
     name it is called by: a profile function sees the code that runs. The
     previous profile function is back on every exit."""
-    watched = _tensorflows_replica_arithmetic()
-    previous: Any = sys.getprofile()
-
-    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
-        if previous is not None and callable(previous):
-            previous(frame, event, arg)
-        if event == "call":
-            name = watched.get(frame.f_code)
-            if name is not None:
-                # A property is read by its reader's own frame (TensorFlow's
-                # code that reads it, from a variable's assign, is its own).
-                reader = frame.f_back if name.endswith("_in_sync") else _caller(frame)
-                _check_called(name, reader)
-
-    sys.setprofile(profile)
-    try:
+    with _calls_of(_tensorflows_replica_arithmetic(), _check_called):
         yield
-    finally:
-        sys.setprofile(previous)
 
 
 @contextlib.contextmanager
@@ -380,20 +363,40 @@ def replica_arithmetic_noted() -> Iterator[list[str]]:
         if code is not None:
             watched[code] = f"keras_ctl.{name}"
     noted: list[str] = []
+
+    def note(name: str, reader: types.FrameType | None) -> None:
+        if _is_users_frame(reader):
+            noted.append(name)
+
+    with _calls_of(watched, note):
+        yield noted
+
+
+@contextlib.contextmanager
+def _calls_of(
+    watched: dict[types.CodeType, str],
+    called: Callable[[str, types.FrameType | None], None],
+) -> Iterator[None]:
+    """Within it (this thread), `called(name, reader)` for every call of a
+    code in `watched` (`{code: name}`), with the frame that called it
+    (`reader`), through a profile function chained to the previous one,
+    which is back on every exit."""
     previous: Any = sys.getprofile()
 
     def profile(frame: types.FrameType, event: str, arg: Any) -> None:
         if previous is not None and callable(previous):
             previous(frame, event, arg)
-        name = watched.get(frame.f_code) if event == "call" else None
-        if name is not None:
-            reader = frame.f_back if name.endswith("_in_sync") else _caller(frame)
-            if _is_users_frame(reader):
-                noted.append(name)
+        if event == "call":
+            name = watched.get(frame.f_code)
+            if name is not None:
+                # A property is read by its reader's own frame (TensorFlow's
+                # code that reads it, from a variable's assign, is its own).
+                reader = frame.f_back if name.endswith("_in_sync") else _caller(frame)
+                called(name, reader)
 
     sys.setprofile(profile)
     try:
-        yield noted
+        yield
     finally:
         sys.setprofile(previous)
 

@@ -378,11 +378,11 @@ def _measured_loss(model: keras.Model, batch: Any) -> str | None:
     examples, with the remedy; `None` when it is one (to 1e-5)."""
     from keras_ctl._engine import loss_mean
 
-    if loss_mean.examples_in(batch) < 2:
+    rows = loss_mean.examples_in(batch)
+    if rows < 2:
         raise ValueError(
             "Expected `batch` to hold at least two examples (its halves are "
-            f"compared). Received: a batch of {loss_mean.examples_in(batch)} "
-            "example(s)."
+            f"compared). Received: a batch of {rows} example(s)."
         )
     measured = loss_mean.measure(model, batch)
     if measured is None or measured.is_mean:
