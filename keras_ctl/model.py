@@ -388,12 +388,17 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 part's share of the global batch (one device's loss for a
                 mean over examples); `None` (default): the same, but the
                 first batch of the first `fit()` or `evaluate()` is
-                measured before any step (the loss on the whole batch
-                against its halves', on the model's predictions with
-                `training=False`), and a loss that is not a mean over
-                examples (a sum, a loss coupling the batch's examples) is
-                refused with a `ValueError` naming the numbers and both
-                choices; `"global_batch"`: every
+                measured before any step (the gradient the replicas'
+                weighed losses sum to against one device's on the whole
+                batch, with `training=False`), and a loss that is not a
+                mean over examples (a sum, a loss coupling the batch's
+                examples) is refused with a `ValueError` naming the
+                numbers and the choices. A `train_step` of the model's own
+                read as one device's code is measured the same way at
+                the first batch of the first `fit()` (the gradients it
+                applies, captured, not applied) unless this is
+                `"replica_batch"`, which runs it as written;
+                `"global_batch"`: every
                 replica's rows of `x`, `y`, `y_pred` and `sample_weight`
                 (`keras_ctl.all_gather`), for a loss that couples the
                 examples of the batch (in-batch negatives, a contrastive

@@ -53,7 +53,7 @@ def check(
     """
     if mode == "per_replica" or (mode is None and state.batch_statistics_warned):
         return
-    found = _per_replica(assigned, weights)
+    found = per_replica(assigned, weights)
     if not found:
         return
     names = ", ".join(f"`{path}`" for path in found)
@@ -81,7 +81,7 @@ def check(
     )
 
 
-def _per_replica(
+def per_replica(
     assigned: Iterable[tuple[Any, Any]], weights: Iterable[Any]
 ) -> list[str]:
     """The paths of the `weights` assigned a value that follows the

@@ -11,7 +11,6 @@ between calls is the model's `state.of(model)`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -156,11 +155,7 @@ def _step_function(
         warns_of_replica_draws=training and random_draws.warns_of_replica_draws(model),
         weights=lambda: model.weights,
         step_name=f"{type(model).__name__}.{'train_step' if training else 'test_step'}",
-        first_batch_check=(
-            functools.partial(loss_mean.refuse_unless_mean, model)
-            if loss_mean.measured_by_default(model, training)
-            else None
-        ),
+        first_batch_check=loss_mean.check_for(model, training),
     )
     return compiled_pass, StepFunction(parts, step, plan, training=training)
 

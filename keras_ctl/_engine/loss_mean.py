@@ -1,30 +1,38 @@
-"""Whether a `compute_loss` of the user's own is a mean over examples,
-measured on the first batch before any step trains on it.
+"""Whether the user's loss is a mean over examples, measured on the first
+batch before any step trains on it (`check_for`).
 
-Under R replicas the default steps weigh each replica's `compute_loss` on
-its part of the batch by that part's share of the global batch. That is
-one device's loss when the loss is a mean over examples (Keras's `Loss`
-objects and `super().compute_loss` are made exact in the step, whatever
-their reduction), not for a sum over examples or a loss that couples the
-batch's examples (in-batch negatives, a masked mean over a count of
-entries written by hand), and nothing in how it is spelled says which. So
-what runs is compared (`refuse_unless_mean`): the gradient the replicas'
-weighted losses sum to, against one device's gradient on the whole batch.
-The loss on the whole batch and on its halves (`measure`, also the parity
-kit's) says which kind a refused loss is.
+Under R replicas each replica's loss on its part of the batch is weighed
+by that part's share of the global batch: the default steps weigh a
+`compute_loss` of one's own, and a `train_step` of one's own read as one
+device's code has its gradients weighed. That is one device's loss when
+the loss is a mean over examples (Keras's `Loss` objects and
+`super().compute_loss` are made exact in the step, whatever their
+reduction), not for a sum over examples (a loss of one value an example,
+which `tape.gradient` sums) or a loss that couples the batch's examples
+(in-batch negatives, a masked mean over a count of entries written by
+hand), and nothing in how it is spelled says which. So what runs is
+compared: the gradients the replicas' weighted losses sum to (for a step,
+what it would apply: `_keras.applies_captured`), against one device's on
+the whole batch (`refuse_unless_mean`, `refuse_unless_step_mean`). The
+loss on the whole batch and on its halves (`measure`, also the parity
+kit's) says which kind a refused `compute_loss` is.
 
 `compile(compute_loss_over=...)` decides: `None` (the default) measures
 the first batch of the first `fit()` or `evaluate()` under several
-replicas and refuses a loss that is not a mean, naming the numbers and
-both choices; `"replica_batch"` runs it on each replica's part as written;
-`"global_batch"` computes it over the global batch, as one device does.
+replicas (a step of one's own: of `fit()`) and refuses a loss that is not
+a mean, naming the numbers and the choices; `"replica_batch"` runs it on
+each replica's part as written; `"global_batch"` computes a `compute_loss`
+over the global batch, as one device does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+import warnings
 from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 from typing import NamedTuple
 from typing import TypeVar
@@ -39,9 +47,11 @@ from keras_ctl._engine import forward
 from keras_ctl._engine import gather
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl._engine.replica_step import FirstBatch
 from keras_ctl._engine.replica_step import optionals_to_none
 from keras_ctl._keras.iterators import without_positions
 from keras_ctl._own_code import is_users_own
+from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
 
 _T = TypeVar("_T")
@@ -142,47 +152,46 @@ def examples_in(batch: Any) -> int:
     return int(tree.flatten(x)[0].shape[0])
 
 
-def measured_by_default(model: keras.Model, training: bool) -> bool:
-    """Whether the first batch of `model`'s train (`training`) or test
-    function is measured: a `compute_loss` of the user's own, called by
-    keras_ctl's step, under several replicas, without a
-    `compute_loss_over` chosen."""
+def check_for(
+    model: keras.Model, training: bool
+) -> Callable[[FirstBatch], None] | None:
+    """The first-batch check of `model`'s train (`training`) or test
+    function (`StepParts.first_batch_check`), or `None`."""
     strategy = model.distribute_strategy
-    return (
-        engine_state.of(model).compute_loss_over is None
-        and strategy.num_replicas_in_sync > 1
-        and not isinstance(strategy, tf.distribute.ParameterServerStrategy)
-        and is_users_own(model, "compute_loss")
-        and not is_users_own(model, "train_step" if training else "test_step")
-    )
+    if (
+        engine_state.of(model).compute_loss_over is not None
+        or strategy.num_replicas_in_sync == 1
+        or isinstance(strategy, tf.distribute.ParameterServerStrategy)
+    ):
+        return None
+    step = "train_step" if training else "test_step"
+    if not is_users_own(model, step):
+        if is_users_own(model, "compute_loss"):
+            return functools.partial(refuse_unless_mean, model)
+        return None
+    if training and not marked_in_shares(model, step):
+        return functools.partial(refuse_unless_step_mean, model)
+    return None
 
 
-def refuse_unless_mean(model: keras.Model, element: Any, spec: Any) -> None:
+def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:
     """Raises a `ValueError` naming the numbers and the choices when the
     gradient of the model's `compute_loss` that the default step sums
-    across replicas on `element` (a batch as the strategy distributed it,
-    of the iterator's `spec`), each replica's loss on its part weighed by
-    the part's share, differs from one device's gradient on the whole batch
-    by more than round-off. Predictions with `training=False`; the model's
-    variables and metrics are as they were afterwards."""
-    variables = model.variables + model.metrics_variables
-    state = [v.numpy() for v in variables]
-    try:
-        summed, whole = _summed_across_replicas(model, element, spec)
+    across replicas on the `first` batch, each replica's loss on its part
+    weighed by the part's share, differs from one device's gradient on the
+    whole batch by more than round-off. Predictions with `training=False`;
+    the model's variables and metrics are as they were afterwards."""
+    with _restored(model, []):
+        summed, whole = _summed_across_replicas(model, first)
         one_device = _one_device(_gradients_on_one_device, model, whole)
-    finally:
-        for variable, value in zip(variables, state):
-            variable.assign(value)
-    off = tf.linalg.global_norm([a - b for a, b in zip(summed, one_device)])
-    off = float(tf.math.divide_no_nan(off, tf.linalg.global_norm(one_device)))
+    off = _relative_difference(summed, one_device)
     if off <= _GRADIENT_RTOL:
         return
     measured = _one_device(measure, model, whole)
     values = "" if measured is None else f"; {measured}"
     raise ValueError(
         f"{type(model).__name__}.compute_loss is not a mean over examples: "
-        f"on the first batch ({examples_in(whole)} examples on "
-        f"{model.distribute_strategy.num_replicas_in_sync} replicas), the "
+        f"{_on_the_first_batch(model, whole)}, the "
         "gradient of each replica's loss on its part, weighed by the part's "
         f"share of the batch and summed, is {off:.3g} off (relative) one "
         f"device's gradient on the whole batch{values}. Pass "
@@ -194,23 +203,254 @@ def refuse_unless_mean(model: keras.Model, element: Any, spec: Any) -> None:
     )
 
 
+def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
+    """Raises a `ValueError` naming the numbers and the choices when the
+    gradients a `train_step` of the user's own, read as one device's code,
+    applies on the `first` batch (each replica's weighed by its part and
+    summed, as the step sums them) differ from the gradients the step
+    applies on one device on the whole batch by more than round-off.
+
+    Nothing is applied (`_keras.applies_captured`), and the model's and
+    its optimizers' variables are as they were afterwards. Not refused: a
+    step that declares itself in shares as it runs, one that applies
+    nothing, and one whose gradients on one device differ between two runs
+    on the same batch and state (it draws numbers that are not one
+    device's: TensorFlow's own random ops, Python's `random`), which is
+    warned of instead."""
+    optimizers = first.step.parts.optimizers
+    with _restored(model, optimizers) as restore:
+        whole = _global_batch(first, first.eagerly)
+        on_replicas = _applied_on_replicas(first)
+        if on_replicas is None:
+            return
+        run_on_one_device = _applying_on_one_device(model, whole)
+        runs = []
+        for _ in range(2):
+            restore()
+            runs.append(_one_device(run_on_one_device))
+    one_device, again = runs
+    if not _comparable(on_replicas, one_device):
+        return
+    step = f"{type(model).__name__}.train_step"
+    if _relative_difference(again, one_device) > _GRADIENT_RTOL:
+        warnings.warn(
+            f"{step} applies other gradients on each run of one device on "
+            "the same batch and weights: it draws random numbers that are "
+            "not one device's under several replicas (TensorFlow's own "
+            "random ops such as `tf.random.normal` or `tf.random.shuffle`, "
+            "Python's or NumPy's `random`), so each replica draws its own "
+            "and a seeded run ends elsewhere than on one device, and "
+            "keras_ctl cannot measure whether its loss is a mean over "
+            "examples. Draw with `keras.random` and a "
+            "`keras.random.SeedGenerator` for one device's numbers.",
+            stacklevel=2,
+        )
+        return
+    off = _relative_difference(on_replicas, one_device)
+    if off <= _GRADIENT_RTOL:
+        return
+    scale = _norm(on_replicas) / max(_norm(one_device), np.finfo("float64").tiny)
+    raise ValueError(
+        f"{step} is read as one device's code, but the gradients it applies "
+        f"{_on_the_first_batch(model, whole)}, each replica's on its part "
+        "weighed by the part's share of the batch and summed, are "
+        f"{off:.3g} off (relative) one device's gradients on the whole "
+        f"batch ({scale:.3g} times their size): its loss is not a mean over "
+        "examples. A loss of one value an example, whose gradient "
+        "`tape.gradient` sums, is a sum over examples: take its mean "
+        "(`ops.mean(loss)`) to write one device's code, or decorate the "
+        "step with `@keras_ctl.written_in_shares` (each replica's sum is "
+        "then its share of the batch's). A loss that couples the batch's "
+        "examples (in-batch negatives, a statistic of the batch) needs "
+        "their rows gathered with `keras_ctl.all_gather`. Or pass "
+        '`compute_loss_over="replica_batch"` to `compile()` to run the '
+        "step on each replica's part as written, unmeasured."
+    )
+
+
 # Round-off of float32 gradients summed in another order is about 1e-6.
 _GRADIENT_RTOL = 1e-4
 
 
+def _on_the_first_batch(model: keras.Model, whole: Any) -> str:
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    return f"on the first batch ({examples_in(whole)} examples on {replicas} replicas)"
+
+
+def _norm(gradients: list[tf.Tensor]) -> float:
+    return float(tf.linalg.global_norm([tf.cast(g, tf.float64) for g in gradients]))
+
+
+def _relative_difference(got: list[tf.Tensor], expected: list[tf.Tensor]) -> float:
+    """`|got - expected| / |expected|` over all the tensors (0 for equal
+    zeros)."""
+    off = [
+        tf.cast(a, tf.float64) - tf.cast(b, tf.float64) for a, b in zip(got, expected)
+    ]
+    return float(tf.math.divide_no_nan(tf.linalg.global_norm(off), _norm(expected)))
+
+
+def _comparable(got: list[tf.Tensor], expected: list[tf.Tensor]) -> bool:
+    """Whether two runs applied gradients of the same shapes (a step whose
+    updates follow its data may apply others)."""
+    return bool(expected) and [g.shape for g in got] == [e.shape for e in expected]
+
+
+@contextlib.contextmanager
+def _restored(
+    model: keras.Model, optimizers: list[Any]
+) -> Iterator[Callable[[], None]]:
+    """Yields `restore()`, which sets the variables of `model` (its
+    metrics' included) and of `optimizers` back to their values on entry,
+    and those created since to their first values; called on exit too."""
+    variables = model.variables + model.metrics_variables
+    variables += [v for optimizer in optimizers for v in optimizer.variables]
+    state = [(v, v.numpy()) for v in variables]
+    created: list[tuple[Any, tf.Tensor]] = []
+
+    def noting(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+        variable = next_creator(**kwargs)
+        with tf.init_scope():
+            created.append((variable, tf.identity(variable)))
+        return variable
+
+    def restore() -> None:
+        for variable, value in [*state, *created]:
+            variable.assign(value)
+
+    try:
+        with tf.variable_creator_scope(noting):
+            yield restore
+    finally:
+        restore()
+
+
+def _on_replicas(
+    first: FirstBatch, on_replica: Callable[[Any, bool], _T], eagerly: bool
+) -> _T:
+    """`on_replica(data, eagerly)` on every replica's part of the `first`
+    batch, traced for the iterator's batches as the step is (or run
+    `eagerly`, or where tracing asks for it: `_keras.NeedsEagerStep`);
+    replica 0's result."""
+    strategy = first.step.strategy
+
+    def on_every_replica(element: Any, eagerly: bool) -> Any:
+        return tree.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0],
+            strategy.run(on_replica, (element, eagerly)),
+        )
+
+    if not eagerly:
+        # A `partial`, traced once a model (`step_function._after_first_batch`).
+        traced = tf.function(
+            functools.partial(on_every_replica, eagerly=False),
+            input_signature=[first.spec],
+            autograph=False,
+        )
+        try:
+            return traced(first.element)  # type: ignore[no-any-return]
+        except Exception as error:
+            if not _keras.needs_eager_step(error):
+                raise
+    return on_every_replica(first.element, True)  # type: ignore[no-any-return]
+
+
+def _global_batch(first: FirstBatch, eagerly: bool) -> Any:
+    """The `first` batch as one device has it: every replica's rows."""
+
+    def on_replica(data: Any, eagerly: bool) -> Any:
+        data = without_positions(optionals_to_none(data))[0]
+        with _keras.replica_step(stands_for_trace=eagerly):
+            data, _ = pad_empty_batch(data)
+            return gather.global_batch(data)
+
+    return _on_replicas(first, on_replica, eagerly)
+
+
+def _applied_on_replicas(first: FirstBatch) -> list[tf.Tensor] | None:
+    """The gradients the model's step applies on the `first` batch, its
+    replicas' summed as the step sums them (replica 0's view, one tensor a
+    variable and `apply`), or `None` when there is nothing to compare: it
+    applies nothing, applies in shares (declared as it runs, or through
+    keras_ctl's own steps), or assigns batch statistics from each
+    replica's own examples (each replica's normalization is not one
+    device's; `batch_statistics` warns of them)."""
+    lock = threading.Lock()
+    read_as_one_device: list[bool] = []
+    statistics: list[str] = []
+
+    def on_replica(data: Any, eagerly: bool) -> list[tf.Tensor]:
+        _, found = first.step.on_replica(data, eagerly)
+        applied = noted.pop(threading.get_ident(), [])
+        with lock:
+            read_as_one_device.extend(a.read_as_one_device for a in applied)
+            statistics.extend(found)
+        return _flat_gradients(applied)
+
+    with _keras.applies_captured() as noted:
+        gradients = _on_replicas(first, on_replica, first.eagerly)
+    if not read_as_one_device or not all(read_as_one_device) or statistics:
+        return None
+    return gradients
+
+
+def _applying_on_one_device(
+    model: keras.Model, batch: Any
+) -> Callable[[], list[tf.Tensor]]:
+    """`run()`: the gradients the model's `train_step` applies on `batch`
+    on one device, traced once for any number of examples (as the step
+    is): a second run draws the next numbers of TensorFlow's own random
+    ops, as a second step would."""
+    traced: list[Callable[[Any], list[tf.Tensor]]] = []
+
+    def run() -> list[tf.Tensor]:
+        with _keras.applies_captured() as noted:
+
+            def applied(batch: Any) -> list[tf.Tensor]:
+                model.train_step(batch)
+                return _flat_gradients(noted.pop(threading.get_ident(), []))
+
+            if model.run_eagerly:
+                return applied(batch)
+            if not traced:
+                spec = [_any_rows(batch)]
+                # A `partial`, traced once a model (`_on_replicas`).
+                applied_once = functools.partial(applied)
+                traced.append(tf.function(applied_once, input_signature=spec))
+            return traced[0](batch)
+
+    return run
+
+
+def _any_rows(structure: Any) -> Any:
+    """The specs of `structure`'s tensors for any number of rows."""
+    return tree.map_structure(
+        lambda t: t if t is None else tf.TensorSpec([None, *t.shape[1:]], t.dtype),
+        structure,
+    )
+
+
+def _flat_gradients(applied: list[_keras.Applied]) -> list[tf.Tensor]:
+    """The gradients of every `apply`, in order; a variable without one
+    (`None`) as a scalar 0."""
+    return [
+        tf.zeros(()) if g is None else g for each in applied for g in each.gradients
+    ]
+
+
 def _summed_across_replicas(
-    model: keras.Model, element: Any, spec: Any
+    model: keras.Model, first: FirstBatch
 ) -> tuple[list[tf.Tensor], Any]:
     """`(gradients, batch)`: the gradients of the model's trainable weights
-    that the default step sums across replicas on `element`, and the
-    global batch `(x, y, sample_weight)` (the replicas' rows gathered).
-    Traced for the iterator's batches (`spec`), as the step is."""
-    strategy = model.distribute_strategy
+    that the default step sums across replicas on the `first` batch, and
+    the global batch `(x, y, sample_weight)` (the replicas' rows
+    gathered)."""
     weights = model.trainable_weights
 
-    def on_replica(data: Any) -> tuple[list[tf.Tensor], Any]:
+    def on_replica(data: Any, eagerly: bool) -> tuple[list[tf.Tensor], Any]:
         data = without_positions(optionals_to_none(data))[0]
-        with _keras.replica_step():  # Keras's losses exact, as in the step
+        # Keras's losses exact, as in the step.
+        with _keras.replica_step(stands_for_trace=eagerly):
             data, batch_size = pad_empty_batch(data)
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
             with tf.GradientTape() as tape:
@@ -222,19 +462,7 @@ def _summed_across_replicas(
             summed = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
             return summed, gather.global_batch((x, y, sample_weight))
 
-    def on_every_replica(element: Any) -> Any:
-        return tree.map_structure(
-            lambda value: strategy.experimental_local_results(value)[0],
-            strategy.run(on_replica, (element,)),
-        )
-
-    if model.run_eagerly:
-        return on_every_replica(element)  # type: ignore[no-any-return]
-    # A `partial`, traced once a model (`step_function._after_first_batch`).
-    traced = tf.function(
-        functools.partial(on_every_replica), input_signature=[spec], autograph=False
-    )
-    return traced(element)  # type: ignore[no-any-return]
+    return _on_replicas(first, on_replica, model.run_eagerly)
 
 
 def _gradients_on_one_device(model: keras.Model, batch: Any) -> list[tf.Tensor]:
@@ -258,11 +486,8 @@ def _gradients_on_one_device(model: keras.Model, batch: Any) -> list[tf.Tensor]:
     parts = [batch[i] for i in given]
     if model.run_eagerly:
         return gradients(*parts)
-    spec = tree.map_structure(
-        lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), parts
-    )
     traced = tf.function(
-        functools.partial(gradients), input_signature=spec, autograph=False
+        functools.partial(gradients), input_signature=_any_rows(parts), autograph=False
     )
     return traced(*parts)  # type: ignore[no-any-return]
 

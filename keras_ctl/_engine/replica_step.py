@@ -62,10 +62,8 @@ class StepParts(NamedTuple):
         warns_of_replica_draws: Whether a training step that draws, each
             replica its own numbers, is warned of
             (`random_draws.warns_of_replica_draws`).
-        first_batch_check: Called with the first batch the function reads
-            (as the strategy distributed it) and the iterator's element
-            spec, before any step runs on it, or `None`
-            (`loss_mean.refuse_unless_mean`).
+        first_batch_check: Called with the `FirstBatch` the function
+            reads, before any step runs on it, or `None` (`loss_mean`).
     """
 
     strategy: tf.distribute.Strategy
@@ -78,7 +76,7 @@ class StepParts(NamedTuple):
     warns_of_replica_draws: bool = False
     step_name: str = "the step"
     weights: Callable[[], list[Any]] = list
-    first_batch_check: Callable[[Any, Any], None] | None = None
+    first_batch_check: Callable[[FirstBatch], None] | None = None
 
 
 @dataclasses.dataclass
@@ -93,11 +91,16 @@ class Trace:
             re-read only the metrics they updated.
         results: The logged values that are metric results,
             `{key: (metric, entry)}`.
+        statistics: For a step measured before it trains (`on_replica`),
+            the paths of the model's weights a training step assigned
+            from its replica's own examples (`batch_statistics`); else
+            `None`, not looked for.
     """
 
     stands_for_trace: bool = False
     written: set[int] = dataclasses.field(default_factory=set)
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
+    statistics: list[str] | None = None
 
     def add(self, other: Trace) -> None:
         """Adds what `other`, a trace of a step within this one, noted."""
@@ -193,6 +196,8 @@ class ReplicaStep:
             if assigned:
                 weights = self.parts.weights()
                 state = self.parts.state
+                if trace.statistics is not None:
+                    trace.statistics += batch_statistics.per_replica(assigned, weights)
                 batch_statistics.check(assigned, weights, statistics, state, replicas)
                 if self.parts.warns_of_replica_draws:
                     random_draws.warn_if_drawn(assigned, state, replicas)
@@ -225,6 +230,35 @@ class ReplicaStep:
         """One step and its logs."""
         trace = Trace()
         return self.logs(self.run(data, trace), trace)
+
+    @not_converted
+    def on_replica(self, data: Any, eagerly: bool) -> tuple[Any, list[str]]:
+        """This replica's step on its `data` (called by `strategy.run`, run
+        `eagerly` or traced), without the EMA, accumulation and logs of
+        `run` and `logs`: `(outputs, statistics)`, with the paths of the
+        weights it assigned from its replica's own examples."""
+        trace = Trace(stands_for_trace=eagerly, statistics=[])
+        outputs = self._replica(data, trace)
+        return outputs, list(trace.statistics or [])
+
+
+class FirstBatch(NamedTuple):
+    """The first batch a train or test function reads, before any step
+    runs on it (`StepParts.first_batch_check`).
+
+    Attributes:
+        element: The batch, as the strategy distributed it.
+        spec: The iterator's element spec (the batches the step is traced
+            for).
+        step: The function's `ReplicaStep`.
+        eagerly: Whether the call's first step runs eagerly (it builds
+            state, or the model runs eagerly).
+    """
+
+    element: Any
+    spec: Any
+    step: ReplicaStep
+    eagerly: bool
 
 
 def _not_scalar(outputs: Any) -> set[str]:

@@ -35,6 +35,7 @@ from keras_ctl._engine import errors
 from keras_ctl._engine import loop
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.replica_step import FirstBatch
 from keras_ctl._engine.replica_step import ReplicaStep
 from keras_ctl._engine.replica_step import StepParts
 from keras_ctl._keras.iterators import DeferredIterator
@@ -130,13 +131,15 @@ class StepFunction:
         if check is not None:
             # The first batch, read and checked before any step runs on it.
             iterator = _FirstBatchRead(iterator)
-            check(iterator.first, iterator.iterator.element_spec)
-            if loop_for_call is not self._eager and not self._run_eagerly:
+            eagerly = loop_for_call is self._eager or self._run_eagerly
+            spec = iterator.iterator.element_spec
+            check(FirstBatch(iterator.first, spec, self._step, eagerly))
+            if not eagerly:
                 loop_for_call = functools.partial(self._after_first_batch, count=count)
         try:
             logs = _explaining_errors(loop_for_call, iterator, self._step)
         except Exception as error:
-            if not _needs_eager_step(error):
+            if not _keras.needs_eager_step(error):
                 raise
             # State the step creates on first use (the seed generators of
             # unseeded draws): created by this call, run eagerly.
@@ -232,16 +235,6 @@ class _FirstBatchRead:
 
     def get_next_as_optional(self) -> Any:
         return self.iterator.get_next_as_optional()
-
-
-def _needs_eager_step(error: BaseException | None) -> bool:
-    """Whether `error` (or an error it was raised from: AutoGraph wraps what
-    a converted function raises) is `_keras.NeedsEagerStep`."""
-    while error is not None:
-        if isinstance(error, _keras.NeedsEagerStep):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _explaining_errors(

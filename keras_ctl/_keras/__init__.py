@@ -55,7 +55,9 @@ from keras_ctl._keras.models import register_under_name
 from keras_ctl._keras.models import strategy_created_under
 from keras_ctl._keras.models import without_strategy
 from keras_ctl._keras.names import KerasInternalMissing
+from keras_ctl._keras.optimizers import Applied
 from keras_ctl._keras.optimizers import EmaAfterStep
+from keras_ctl._keras.optimizers import applies_captured
 from keras_ctl._keras.optimizers import count_micro_batch
 from keras_ctl._keras.optimizers import keras_accumulators
 from keras_ctl._keras.optimizers import micro_batch_iterations
@@ -63,6 +65,7 @@ from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
 from keras_ctl._keras.random import NeedsEagerStep
 from keras_ctl._keras.random import draw_rows_as_one_device
 from keras_ctl._keras.random import is_seed_state
+from keras_ctl._keras.random import needs_eager_step
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
@@ -84,6 +87,7 @@ functional_init_arguments = names.member(
 )
 
 __all__ = [
+    "Applied",
     "EmaAfterStep",
     "Functional",
     "KerasInternalMissing",
@@ -95,6 +99,7 @@ __all__ = [
     "add_metric_update",
     "add_to_mean",
     "all_layers",
+    "applies_captured",
     "build_from_spec",
     "compile_loss",
     "compile_loss_terms",
@@ -118,6 +123,7 @@ __all__ = [
     "metric_results_among",
     "micro_batch_iterations",
     "names",
+    "needs_eager_step",
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",

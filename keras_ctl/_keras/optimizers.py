@@ -1,15 +1,19 @@
 """Optimizers inside a replica step: summed gradients applied as they are,
-the EMA after the replicas' step, gradient accumulation's counters."""
+the EMA after the replicas' step, gradient accumulation's counters, and
+the gradients a step would apply, captured instead (`applies_captured`)."""
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.state import _in_step
+from keras_ctl._replicas import current_reading
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
 
@@ -213,15 +217,68 @@ def summing_apply(original):
     """
 
     def apply(self, grads, trainable_variables=None):
-        if (
-            not getattr(_in_step, "active", False)
-            or id(self) in getattr(_in_step, "summed", ())
-            or num_replicas() == 1
-            or tf.distribute.get_replica_context() is None
-        ):
+        sums = (
+            getattr(_in_step, "active", False)
+            and id(self) not in getattr(_in_step, "summed", ())
+            and num_replicas() > 1
+            and tf.distribute.get_replica_context() is not None
+        )
+        if sums:
+            grads, _ = sum_across_replicas(list(grads))
+        if _captured(grads):
+            return None
+        if not sums:
             return original(self, grads, trainable_variables)
-        summed, _ = sum_across_replicas(list(grads))
         with gradients_already_summed(self):
-            return original(self, summed, trainable_variables)
+            return original(self, grads, trainable_variables)
 
     return apply
+
+
+class Applied(NamedTuple):
+    """The gradients one `apply` was given (`applies_captured`)."""
+
+    gradients: list[tf.Tensor | None]
+    # Whether a step of one's own read as one device's code applied them
+    # (`_replicas.current_reading`), its replica's weighed and summed.
+    read_as_one_device: bool
+
+
+_capture_lock = threading.Lock()
+# {thread ident: [Applied, ...]} while applies are captured.
+_capture: dict[int, list[Applied]] | None = None
+
+
+@contextlib.contextmanager
+def applies_captured() -> Iterator[dict[int, list[Applied]]]:
+    """Within it, `apply` (and so `apply_gradients`) of every optimizer, on
+    any thread (a strategy's replica threads), applies nothing: it notes
+    the gradients it would apply, summed across replicas as a step sums
+    them, in the dict it yields, under the calling thread's ident. Every
+    optimizer: a step may apply ones the model does not list (a layer's
+    own, keras.io's Forward-Forward). Not nested."""
+    global _capture
+    noted: dict[int, list[Applied]] = {}
+    with _capture_lock:
+        if _capture is not None:
+            raise RuntimeError("Applies are captured already.")
+        _capture = noted
+    try:
+        yield noted
+    finally:
+        with _capture_lock:
+            _capture = None
+
+
+def _captured(grads: Any) -> bool:
+    noted = _capture
+    if noted is None:
+        return False
+    reading = current_reading()
+    applied = Applied(
+        [None if g is None else tf.convert_to_tensor(g) for g in grads],
+        reading is not None and reading.kind == "step" and not reading.in_shares,
+    )
+    with _capture_lock:
+        noted.setdefault(threading.get_ident(), []).append(applied)
+    return True

@@ -24,6 +24,16 @@ class NeedsEagerStep(RuntimeError):
     variable a step of one's own creates, `own_step.variables_made_eagerly`)."""
 
 
+def needs_eager_step(error: BaseException | None) -> bool:
+    """Whether `error` (or an error it was raised from: AutoGraph wraps what
+    a converted function raises) is a `NeedsEagerStep`."""
+    while error is not None:
+        if isinstance(error, NeedsEagerStep):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 _lock = threading.Lock()
 # strategy -> {replica id: SeedGenerator}, for as long as the strategy lives.
 _generators: weakref.WeakKeyDictionary[tf.distribute.Strategy, dict[int, Any]] = (
