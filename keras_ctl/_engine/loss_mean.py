@@ -219,7 +219,7 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
     warned of instead."""
     optimizers = first.step.parts.optimizers
     with _restored(model, optimizers) as restore:
-        whole = _global_batch(first, first.eagerly)
+        whole = _global_batch(first, model.run_eagerly)
         on_replicas = _applied_on_replicas(first)
         if on_replicas is None:
             return

@@ -64,6 +64,12 @@ OVERRIDES = (
 # device (`compile(random_draws="as_one_device")`).
 RANDOM_LAYERS = ("none", "none", "dropout", "gaussian_noise", "gaussian_dropout")
 RANDOM_KINDS = ("mlp", "conv", "two_outputs")
+# A layer with state of its batch after the hidden layer: a position table
+# looked up once a batch (`table(arange(5))`, its gradient sparse), a
+# plain BatchNormalization, or a running mean of the batch assigned in
+# `call()`. CTLModel then compiles with `batch_statistics="global"`.
+STATE_LAYERS = ("none", "none", "none", "position_table", "batch_norm", "ema")
+STATE_KINDS = ("mlp", "conv")
 
 
 def draw(seed):
@@ -107,6 +113,10 @@ def draw(seed):
     # several replicas), so it trains without them.
     if rng.integers(8) == 0:
         config.update(loss="own_call_loss", weights="none")
+    # Drawn last, for the same reason.
+    state = pick(STATE_LAYERS)
+    if kind in STATE_KINDS and (kind == "mlp" or state != "position_table"):
+        config["state"] = state
     return config
 
 
@@ -225,11 +235,15 @@ def _model(config, model_class):
             inputs
         )
         h = keras.layers.Flatten()(h)
+    elif config.get("state") == "position_table":
+        inputs = keras.Input((5,))
+        h = PositionTable(6, init)(inputs)
     else:
         inputs = keras.Input((5,))
         h = dense(6, activation="tanh", kernel_regularizer=keras.regularizers.l2(1e-3))(
             inputs
         )
+    h = _state_layer(config.get("state", "none"))(h)
     h = _random_layer(config.get("random", "none"))(h)
     if kind == "two_outputs":
         outputs = {
@@ -239,6 +253,55 @@ def _model(config, model_class):
     else:
         outputs = dense(units)(h)
     return model_class(inputs, outputs)
+
+
+class PositionTable(keras.layers.Layer):
+    """The inputs' features as a sequence: each position's value times a
+    learned vector plus the position's row of a table looked up once a
+    batch (`table(arange(positions))`, as a transformer's position
+    embedding), averaged over positions."""
+
+    def __init__(self, units, init, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.init = units, init
+
+    def build(self, shape):
+        self.table = keras.layers.Embedding(
+            shape[-1], self.units, embeddings_initializer=self.init
+        )
+        self.table.build((shape[-1],))
+        self.scale = self.add_weight(shape=(self.units,), initializer=self.init)
+
+    def call(self, x):
+        positions = self.table(keras.ops.arange(keras.ops.shape(x)[-1]))
+        sequence = x[..., None] * self.scale + positions[None]
+        return keras.ops.tanh(keras.ops.mean(sequence, axis=1))
+
+
+class RunningMean(keras.layers.Layer):
+    """Subtracts an exponential moving average of the batch's mean, which
+    it updates in `call()` while training (a state of the batch, as an EMA
+    codebook keeps)."""
+
+    def build(self, shape):
+        self.mean = self.add_weight(
+            shape=shape[1:], initializer="zeros", trainable=False
+        )
+
+    def call(self, h, training=False):
+        if training:
+            self.mean.assign(0.9 * self.mean + 0.1 * keras.ops.mean(h, axis=0))
+        return h - self.mean
+
+
+def _state_layer(name):
+    layers = {
+        "none": lambda h: h,
+        "position_table": lambda h: h,  # the first layer (`_model`)
+        "batch_norm": keras.layers.BatchNormalization(),
+        "ema": RunningMean(),
+    }
+    return layers[name]
 
 
 def _random_layer(name):
@@ -454,12 +517,16 @@ def _run(config, model_class, strategy):
 
 
 def _random_draws(config, model):
-    """One device's draws for a CTLModel with a random layer."""
-    if config.get("random", "none") == "none" or not isinstance(
-        model, keras_ctl.CTLModel
-    ):
+    """One device's draws for a CTLModel with a random layer, and the global
+    batch's statistics for one with a layer of state."""
+    if not isinstance(model, keras_ctl.CTLModel):
         return {}
-    return {"random_draws": "as_one_device"}
+    options = {}
+    if config.get("random", "none") != "none":
+        options["random_draws"] = "as_one_device"
+    if config.get("state", "none") != "none":
+        options["batch_statistics"] = "global"
+    return options
 
 
 def _head(y, n):
@@ -533,18 +600,22 @@ def check(config, strategy=None, floatx="float64", tolerance=None, expected=None
 
 
 # The options a refusal names (`known_limit`).
-REFUSED_OPTIONS = ("gradient_accumulation_steps", "random_draws")
+REFUSED_OPTIONS = ("gradient_accumulation_steps", "random_draws", "batch_statistics")
 
 
 def known_limit(config, replicas):
     """A documented limit of CTLModel on `replicas` replicas for `config`,
     or `None`; with several replicas and a `train_step` of one's own:
-    "refused", for `gradient_accumulation_steps`, and for a random layer
-    drawing as one device with XLA (each a clear `ValueError`).
+    "refused", for `gradient_accumulation_steps`, for a random layer
+    drawing as one device with XLA, and for the global batch's statistics
+    with XLA or of a running mean of one's own (each a clear `ValueError`).
     """
     if replicas == 1:
         return None
     if config.get("random", "none") != "none" and config["jit_compile"]:
+        return "refused"
+    state = config.get("state", "none")
+    if state == "ema" or (state != "none" and config["jit_compile"]):
         return "refused"
     override = config.get("override")
     if override not in ("keras_io_steps", "steps_calling_super"):

@@ -182,6 +182,8 @@ def model_class(base, case):
 
     if case == "sum_in_shares":
         return SumInShares(OwnStep)
+    if case == "gathered_metrics":
+        return GatheredInShares(OwnStep)
     if case != "tf_function":
         return OwnStep
 
@@ -226,6 +228,30 @@ def SumInShares(base):  # noqa: N802
     return SumInShares
 
 
+def GatheredInShares(base):  # noqa: N802
+    """The global-batch guide's recipe (keras.io's NNCLR in parity mode):
+    the logits and labels of every replica gathered, `1 / R` of their
+    loss, and metrics updated from the gathered rows, the same on every
+    replica, also on a replica without examples."""
+
+    class GatheredInShares(base):
+        @keras_ctl.written_in_shares
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                logits = keras_ctl.all_gather(self(x, training=True))
+                labels = keras_ctl.all_gather(y)
+                loss = tf.reduce_mean(_crossentropy(labels, logits))
+                share = loss / keras_ctl.num_replicas()
+            gradients = tape.gradient(share, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            self.loss_tracker.update_state(loss)
+            self.probe.update_state(labels, logits)
+            return {"loss": self.loss_tracker.result(), "p_acc": self.probe.result()}
+
+    return GatheredInShares
+
+
 CASES = (
     "raw_means",
     "sum_over_count",
@@ -241,6 +267,7 @@ CASES = (
     "synchronized_bn",
     "sum_in_shares",
     "softmax_output",
+    "gathered_metrics",
 )
 
 
