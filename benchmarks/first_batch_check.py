@@ -1,4 +1,4 @@
-"""What measuring a `compute_loss` of one's own on the first batch costs.
+"""What measuring a loss of one's own on the first batch costs.
 
 Under several replicas, `compile(compute_loss_over=None)` (the default)
 compares, before the first step of a `fit()`, the gradient the replicas'
@@ -6,7 +6,10 @@ weighted losses sum to with one device's on the first batch
 (`keras_ctl/_engine/loss_mean.py`); `"replica_batch"` trains the same
 way without it. Both train the Keras guide's MLP (784-64-64-10, Adam,
 global batch `--batch`, default 64) whose `compute_loss` adds a mean
-penalty to `super().compute_loss`, on `--replicas` local replicas
+penalty to `super().compute_loss` (`--model compute_loss`), or with the
+Keras guide's `train_step` of its own (`--model train_step`: the model's
+`compute_loss`, `optimizer.apply`, its metrics), on `--replicas` local
+replicas
 (MirroredStrategy; logical CPU devices here). Each of `--rounds` rounds
 builds a new model of each candidate, interleaved, and times its first
 `fit()` call (one epoch of `--steps` steps, traced in the call: what a
@@ -16,7 +19,7 @@ difference and ratio against `"replica_batch"`, and a third candidate
 that is `"replica_batch"` again (an A/A control: the noise floor).
 
     python benchmarks/first_batch_check.py [--replicas 2] [--rounds 7]
-        [--steps 32] [--batch 64] [--out FILE.json]
+        [--steps 32] [--batch 64] [--model compute_loss] [--out FILE.json]
 """
 
 import argparse
@@ -39,12 +42,16 @@ def parse():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--model", choices=("compute_loss", "train_step"), default="compute_loss"
+    )
     parser.add_argument("--out")
     return parser.parse_args()
 
 
-def build(option, strategy):
+def build(option, strategy, kind):
     import keras
+    import tensorflow as tf
 
     import keras_ctl
 
@@ -53,23 +60,40 @@ def build(option, strategy):
             loss = super().compute_loss(x, y, y_pred, sample_weight)
             return loss + 1e-3 * keras.ops.mean(keras.ops.square(y_pred))
 
+    class OwnStep(keras_ctl.CTLModel):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
     keras.utils.set_random_seed(0)
     with strategy.scope():
         inputs = keras.Input((784,))
         h = keras.layers.Dense(64, activation="relu")(inputs)
         h = keras.layers.Dense(64, activation="relu")(h)
-        model = WithPenalty(inputs, keras.layers.Dense(10)(h))
+        model_class = WithPenalty if kind == "compute_loss" else OwnStep
+        model = model_class(inputs, keras.layers.Dense(10)(h))
         model.compile(
             keras.optimizers.Adam(1e-3),
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"] if kind == "train_step" else None,
             compute_loss_over=option,
         )
     return model
 
 
-def first_fit(option, strategy, x, y, batch):
+def first_fit(option, strategy, x, y, batch, kind):
     """Wall and CPU seconds of a new model's first `fit()` call."""
-    model = build(option, strategy)
+    model = build(option, strategy, kind)
     wall, cpu = time.perf_counter(), time.process_time()
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     return time.perf_counter() - wall, time.process_time() - cpu
@@ -94,14 +118,14 @@ def main():
     times = {name: {"wall": [], "cpu": []} for name in CANDIDATES}
     for _ in range(args.rounds):
         for name, option in CANDIDATES.items():
-            wall, cpu_s = first_fit(option, strategy, x, y, args.batch)
+            wall, cpu_s = first_fit(option, strategy, x, y, args.batch, args.model)
             times[name]["wall"].append(wall)
             times[name]["cpu"].append(cpu_s)
     base = times["replica_batch"]
     result = {"args": vars(args), "times": times, "summary": {}}
     print(
         f"{args.replicas} replicas, {args.rounds} rounds, "
-        f"first fit() of {args.steps} steps"
+        f"first fit() of {args.steps} steps, a {args.model} of its own"
     )
     for name in CANDIDATES:
         summary = {}

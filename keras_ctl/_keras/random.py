@@ -4,6 +4,7 @@ one device makes them (`draw_rows_as_one_device`)."""
 import contextlib
 import functools
 import inspect
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -384,10 +385,16 @@ def python_draw_refused_as_one_device(original):
     draws its own numbers, which no replica can make one device's
     (`keras.layers.AugMix` picks its augmentations with `random.choice`).
     Replaces the function of Python's `random` module, for the replica
-    steps' threads only."""
+    steps' threads only. Not refused: the seed Keras draws for a seed
+    generator made without one (`seed_generator.make_default_seed`, checked
+    on Keras 3.12.0 and 3.15.1), as a layer the step builds makes it
+    (`MultiHeadAttention`'s `Dropout`): the layer is built once, for every
+    replica, so its seed is one number, as on one device."""
 
     def draw(*args, **kwargs):
-        if getattr(_in_step, "random_rows", None) is None:
+        if getattr(_in_step, "random_rows", None) is None or _making_a_seed(
+            sys._getframe(1).f_code
+        ):
             return original(*args, **kwargs)
         raise ValueError(
             'compile(random_draws="as_one_device") cannot draw Python\'s '
@@ -400,6 +407,14 @@ def python_draw_refused_as_one_device(original):
         )
 
     return draw
+
+
+def _making_a_seed(caller: Any) -> bool:
+    """Whether `caller` (a code object) is Keras's `make_default_seed`."""
+    make_default_seed = names.member(
+        "keras.src.random.seed_generator", "make_default_seed"
+    )
+    return caller is make_default_seed.__code__
 
 
 def image_draw_refused_as_one_device(original):

@@ -82,3 +82,52 @@ def test_the_default_with_xla_under_replicas_draws_per_replica_and_warns_once():
     declared, silent = _run_warned(jit_compile=True, random_draws="per_replica")
     assert silent == []
     assert random_draws.largest_difference(default, declared) == 0
+
+
+def test_a_layer_the_step_builds_seeds_its_dropout_as_on_one_device():
+    # keras.io's speech transformer: its step builds MultiHeadAttention,
+    # whose Dropout, made without a seed, draws one from Python's `random`
+    # once, for every replica (a draw of the step would be refused).
+    import configurations
+    import numpy as np
+    import tensorflow as tf
+
+    def attending(base):
+        class Attending(base):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.attention = keras.layers.MultiHeadAttention(2, 4, dropout=0.3)
+                self.head = keras.layers.Dense(1)
+
+            def call(self, x):
+                return self.head(x)
+
+            def train_step(self, data):
+                x, y = data
+                with tf.GradientTape() as tape:
+                    # Only the step calls the attention: it builds it.
+                    attended = self.attention(x, x, training=True)
+                    error = self(attended) - y
+                    loss = keras.ops.mean(keras.ops.square(error))
+                gradients = tape.gradient(loss, self.trainable_variables)
+                self.optimizer.apply(gradients, self.trainable_variables)
+                return {"loss": loss}
+
+        return Attending
+
+    def fitted(base, strategy):
+        keras.utils.set_random_seed(3)
+        with strategy.scope():
+            model = attending(base)()
+            model.compile(keras.optimizers.Adam(0.01))
+        rng = np.random.default_rng(0)
+        x, y = rng.normal(size=(9, 3, 4)), rng.normal(size=(9, 3, 1))
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights(), history.history["loss"]
+
+    with configurations.computing_in("float64"):
+        expected, expected_loss = fitted(keras.Model, devices.get("default"))
+        got, loss = fitted(keras_ctl.CTLModel, devices.get("mirrored"))
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(loss, expected_loss, rtol=1e-9)
