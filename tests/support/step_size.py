@@ -1,0 +1,95 @@
+"""The size of a traced train function: its ops (the graph and its
+function library, every branch) and its collectives, for `keras.Model` and
+`CTLModel` on the same model (issue: the exact step at Keras's size).
+
+The models are the ones the benchmarks time: an MLP (784-64-64-10, Adam,
+accuracy), a CNN (conv 32-64, dense 64), one transformer block (attention
+of 4 heads of 16, a feed-forward of 128) and the MLP with Dropout.
+"""
+
+import collections
+
+import keras
+import numpy as np
+
+import keras_ctl
+
+MODELS = ("mlp", "cnn", "transformer_block", "mlp_dropout")
+COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2")
+
+
+def _layers(name):
+    if name == "cnn":
+        inputs = keras.Input((28, 28, 1))
+        h = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
+        h = keras.layers.MaxPooling2D()(h)
+        h = keras.layers.Conv2D(64, 3, activation="relu")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        h = keras.layers.Dense(64, activation="relu")(h)
+    elif name == "transformer_block":
+        inputs = keras.Input((16, 64))
+        attended = keras.layers.MultiHeadAttention(4, 16)(inputs, inputs)
+        h = keras.layers.LayerNormalization()(inputs + attended)
+        forward = keras.layers.Dense(128, activation="relu")(h)
+        h = keras.layers.LayerNormalization()(h + keras.layers.Dense(64)(forward))
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    else:
+        inputs = keras.Input((784,))
+        h = keras.layers.Dense(64, activation="relu")(inputs)
+        if name == "mlp_dropout":
+            h = keras.layers.Dropout(0.2, seed=1)(h)
+        h = keras.layers.Dense(64, activation="relu")(h)
+    return inputs, keras.layers.Dense(10)(h)
+
+
+def _data(name, rows=64):
+    rng = np.random.default_rng(0)
+    shape = {"cnn": (28, 28, 1), "transformer_block": (16, 64)}.get(name, (784,))
+    return rng.random((rows, *shape), dtype="float32"), rng.integers(0, 10, rows)
+
+
+def trained(name, model_class, strategy):
+    """`model_class` of model `name`, compiled and fit for 2 steps of 32."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = model_class(*_layers(name))
+        model.compile(
+            keras.optimizers.Adam(1e-3),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    x, y = _data(name)
+    model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def train_graph(model):
+    """The graph of `model`'s traced train function."""
+    if isinstance(model, keras_ctl.CTLModel):
+        return model.train_function.graphs()[0].as_graph_def()
+    # Keras wraps its `tf.function` in a plain function.
+    for cell in model.train_function.__closure__ or ():
+        function = cell.cell_contents
+        if hasattr(function, "_list_all_concrete_functions"):
+            concrete = function._list_all_concrete_functions()[0]
+            return concrete.graph.as_graph_def()
+    raise RuntimeError("Keras's train function holds no tf.function")
+
+
+def op_counts(graph_def):
+    """`Counter` of op types in `graph_def` and its function library."""
+    counts = collections.Counter(node.op for node in graph_def.node)
+    for function in graph_def.library.function:
+        counts.update(node.op for node in function.node_def)
+    return counts
+
+
+def size(name, strategy):
+    """`{"keras": (ops, collectives), "ctl": (ops, collectives)}` of model
+    `name` under `strategy`."""
+    found = {}
+    for key, model_class in (("keras", keras.Model), ("ctl", keras_ctl.CTLModel)):
+        counts = op_counts(train_graph(trained(name, model_class, strategy)))
+        collectives = sum(counts[op] for op in COLLECTIVES)
+        found[key] = (sum(counts.values()), collectives)
+    return found
