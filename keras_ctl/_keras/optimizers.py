@@ -212,8 +212,9 @@ def summing_apply(original):
     `MultiOptimizer.apply`, each its own method), and a loss scale decides
     on that part. Here the sum comes first (one collective, where Keras
     made it), so clipping, the loss scale's check and the EMA see one
-    device's gradient, as in the default step. Checked on Keras 3.12.0 and
-    3.15.1.
+    device's gradient, as in the default step. Within `applies_captured`,
+    any `apply` notes the gradients (so summed) instead of applying them.
+    Checked on Keras 3.12.0 and 3.15.1.
     """
 
     def apply(self, grads, trainable_variables=None):
