@@ -396,8 +396,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 numbers and the choices. A `train_step` of the model's own
                 read as one device's code is measured the same way at
                 the first batch of the first `fit()` (the gradients it
-                applies, captured, not applied) unless this is
-                `"replica_batch"`, which runs it as written;
+                applies, captured, not applied) unless a choice is given
+                (taken as given: `"replica_batch"` runs it as written);
                 `"global_batch"`: every
                 replica's rows of `x`, `y`, `y_pred` and `sample_weight`
                 (`keras_ctl.all_gather`), for a loss that couples the
