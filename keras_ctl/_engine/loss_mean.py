@@ -48,6 +48,7 @@ from keras_ctl._engine import gather
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.replica_step import FirstBatch
+from keras_ctl._engine.replica_step import Trace
 from keras_ctl._engine.replica_step import optionals_to_none
 from keras_ctl._keras.iterators import without_positions
 from keras_ctl._own_code import is_users_own
@@ -372,24 +373,29 @@ def _applied_on_replicas(first: FirstBatch) -> list[tf.Tensor] | None:
     replicas' summed as the step sums them (replica 0's view, one tensor a
     variable and `apply`), or `None` when there is nothing to compare: it
     applies nothing, applies in shares (declared as it runs, or through
-    keras_ctl's own steps), or assigns batch statistics from each
-    replica's own examples (each replica's normalization is not one
-    device's; `batch_statistics` warns of them)."""
+    keras_ctl's own steps), assigns batch statistics from each replica's
+    own examples (each replica's normalization is not one device's;
+    `batch_statistics` warns of them), or draws each replica's own random
+    numbers (`random_draws="per_replica"`, or XLA's default)."""
     lock = threading.Lock()
     read_as_one_device: list[bool] = []
-    statistics: list[str] = []
+    traces: list[Trace] = []
 
     def on_replica(data: Any, eagerly: bool) -> list[tf.Tensor]:
-        _, found = first.step.on_replica(data, eagerly)
+        _, trace = first.step.on_replica(data, eagerly)
         applied = noted.pop(threading.get_ident(), [])
         with lock:
             read_as_one_device.extend(a.read_as_one_device for a in applied)
-            statistics.extend(found)
+            traces.append(trace)
         return _flat_gradients(applied)
 
     with _keras.applies_captured() as noted:
         gradients = _on_replicas(first, on_replica, first.eagerly)
-    if not read_as_one_device or not all(read_as_one_device) or statistics:
+    if not read_as_one_device or not all(read_as_one_device):
+        return None
+    if any(trace.statistics for trace in traces):
+        return None
+    if not first.step.draws_as_one_device and any(trace.drew for trace in traces):
         return None
     return gradients
 

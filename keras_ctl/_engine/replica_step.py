@@ -95,12 +95,15 @@ class Trace:
             the paths of the model's weights a training step assigned
             from its replica's own examples (`batch_statistics`); else
             `None`, not looked for.
+        drew: For a step measured before it trains, whether a training
+            step advanced a seed generator (it draws random numbers).
     """
 
     stands_for_trace: bool = False
     written: set[int] = dataclasses.field(default_factory=set)
     results: dict[str, Any] = dataclasses.field(default_factory=dict)
     statistics: list[str] | None = None
+    drew: bool = False
 
     def add(self, other: Trace) -> None:
         """Adds what `other`, a trace of a step within this one, noted."""
@@ -198,6 +201,7 @@ class ReplicaStep:
                 state = self.parts.state
                 if trace.statistics is not None:
                     trace.statistics += batch_statistics.per_replica(assigned, weights)
+                    trace.drew = any(_keras.is_seed_state(v) for v, _ in assigned)
                 batch_statistics.check(assigned, weights, statistics, state, replicas)
                 if self.parts.warns_of_replica_draws:
                     random_draws.warn_if_drawn(assigned, state, replicas)
@@ -232,14 +236,13 @@ class ReplicaStep:
         return self.logs(self.run(data, trace), trace)
 
     @not_converted
-    def on_replica(self, data: Any, eagerly: bool) -> tuple[Any, list[str]]:
+    def on_replica(self, data: Any, eagerly: bool) -> tuple[Any, Trace]:
         """This replica's step on its `data` (called by `strategy.run`, run
         `eagerly` or traced), without the EMA, accumulation and logs of
-        `run` and `logs`: `(outputs, statistics)`, with the paths of the
-        weights it assigned from its replica's own examples."""
+        `run` and `logs`: `(outputs, trace)`, the trace with the step's
+        `statistics` and whether it `drew`."""
         trace = Trace(stands_for_trace=eagerly, statistics=[])
-        outputs = self._replica(data, trace)
-        return outputs, list(trace.statistics or [])
+        return self._replica(data, trace), trace
 
 
 class FirstBatch(NamedTuple):
