@@ -4,7 +4,6 @@ one device makes them (`draw_rows_as_one_device`)."""
 import contextlib
 import functools
 import inspect
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -392,8 +391,9 @@ def python_draw_refused_as_one_device(original):
     replica, so its seed is one number, as on one device."""
 
     def draw(*args, **kwargs):
+        caller = inspect.currentframe().f_back  # type: ignore[union-attr]
         if getattr(_in_step, "random_rows", None) is None or _making_a_seed(
-            sys._getframe(1).f_code
+            caller.f_code  # type: ignore[union-attr]
         ):
             return original(*args, **kwargs)
         raise ValueError(
