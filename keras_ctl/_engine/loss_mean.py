@@ -186,7 +186,7 @@ def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:
         summed, whole = _summed_across_replicas(model, first)
         one_device = _one_device(_gradients_on_one_device, model, whole)
     off = _relative_difference(summed, one_device)
-    if off <= _GRADIENT_RTOL:
+    if off <= _gradient_rtol(model):
         return
     measured = _one_device(measure, model, whole)
     values = "" if measured is None else f"; {measured}"
@@ -233,7 +233,7 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
     if not _comparable(on_replicas, one_device):
         return
     step = f"{type(model).__name__}.train_step"
-    if _relative_difference(again, one_device) > _GRADIENT_RTOL:
+    if _relative_difference(again, one_device) > _gradient_rtol(model):
         warnings.warn(
             f"{step} applies other gradients on each run of one device on "
             "the same batch and weights: it draws random numbers that are "
@@ -248,7 +248,7 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
         )
         return
     off = _relative_difference(on_replicas, one_device)
-    if off <= _GRADIENT_RTOL:
+    if off <= _gradient_rtol(model):
         return
     scale = _norm(on_replicas) / max(_norm(one_device), np.finfo("float64").tiny)
     raise ValueError(
@@ -269,8 +269,15 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
     )
 
 
-# Round-off of float32 gradients summed in another order is about 1e-6.
-_GRADIENT_RTOL = 1e-4
+def _gradient_rtol(model: keras.Model) -> float:
+    """The difference that is round-off: float32 gradients summed in another
+    order differ by about 1e-6, bfloat16's by about 3e-3 (8 bits of
+    mantissa). Eight times the compute dtype's epsilon, at least 1e-4."""
+    compute = keras.backend.standardize_dtype(model.dtype_policy.compute_dtype)
+    return max(1e-4, 8 * _EPSILON.get(compute, 0.0))
+
+
+_EPSILON = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
 
 def _on_the_first_batch(model: keras.Model, whole: Any) -> str:
@@ -413,7 +420,10 @@ def _applying_on_one_device(
         with _keras.applies_captured() as noted:
 
             def applied(batch: Any) -> list[tf.Tensor]:
-                model.train_step(batch)
+                # A `train_step` decorated with `tf.function` applies in
+                # this trace, whose outputs the gradients can be.
+                with _keras.users_functions_inlined():
+                    model.train_step(batch)
                 return _flat_gradients(noted.pop(threading.get_ident(), []))
 
             if model.run_eagerly:

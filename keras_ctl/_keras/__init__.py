@@ -43,6 +43,7 @@ from keras_ctl._keras.access import strategy_of_variable
 from keras_ctl._keras.access import user_compute_loss
 from keras_ctl._keras.access import user_loss
 from keras_ctl._keras.eager_ops import eager_ops_noted
+from keras_ctl._keras.functions import users_functions_inlined
 from keras_ctl._keras.losses import LossParts
 from keras_ctl._keras.losses import examples_of_batch
 from keras_ctl._keras.losses import rows_of_global_batch
@@ -140,6 +141,7 @@ __all__ = [
     "updated_metrics",
     "user_compute_loss",
     "user_loss",
+    "users_functions_inlined",
     "without_placeholder",
     "without_strategy",
 ]

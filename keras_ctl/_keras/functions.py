@@ -1,5 +1,8 @@
 """A `tf.function` of the user's own, called inside a replica step."""
 
+import contextlib
+from collections.abc import Iterator
+
 import tensorflow as tf
 
 from keras_ctl._keras import names
@@ -19,21 +22,37 @@ def inlined_in_replica_steps(original):
     Python function is called instead, converted by AutoGraph as the
     `tf.function` would have (`Function._autograph`), in the step's trace,
     which is a `tf.function` already. keras_ctl's, Keras's and TensorFlow's
-    own functions (an XLA-compiled replica pass) are left alone. Replaces
+    own functions (an XLA-compiled replica pass) are left alone. So are
+    they within `users_functions_inlined` (one device's run of a step that
+    is measured, whose applied gradients must be the trace's own). Replaces
     `tf.function`'s `Function.__call__` (checked on TensorFlow 2.21).
     """
 
     def __call__(self, *args, **kwargs):
         python_function = self.python_function
-        if (
-            not getattr(_in_step, "active", False)
-            or num_replicas() == 1
-            or tf.distribute.get_replica_context() is None
-            or not is_users_function(python_function)
-        ):
+        in_replica_step = (
+            getattr(_in_step, "active", False)
+            and num_replicas() > 1
+            and tf.distribute.get_replica_context() is not None
+        )
+        if not (
+            in_replica_step or getattr(_in_step, "inlining", False)
+        ) or not is_users_function(python_function):
             return original(self, *args, **kwargs)
         if names.attribute(self, "_autograph", True):
             python_function = tf.autograph.to_graph(python_function)
         return python_function(*args, **kwargs)
 
     return __call__
+
+
+@contextlib.contextmanager
+def users_functions_inlined() -> Iterator[None]:
+    """Within it (this thread), a `tf.function` of the user's own runs as
+    part of the caller's trace, as in a replica step."""
+    previous = getattr(_in_step, "inlining", False)
+    _in_step.inlining = True
+    try:
+        yield
+    finally:
+        _in_step.inlining = previous
