@@ -15,6 +15,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Sequence
+from typing import Any
 from typing import ParamSpec
 from typing import TypeAlias
 from typing import TypeVar
@@ -149,14 +150,23 @@ def global_shares(
 
 def only_if_real(value: _Value, examples: tf.Tensor) -> _Value:
     """`value`, or zeros where this replica has no real `examples` (its
-    placeholder's loss, count or gradient, NaN included); `None` stays."""
-    if value is None:
-        return None
+    placeholder's loss, count or gradient, NaN included); `None` stays.
+    Nothing is traced where the count is a constant above 0: a batch whose
+    size the trace knows (`padding.pad_empty_batch`)."""
+    if value is None or never_empty(examples):
+        return value
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(
             only_if_real(value.values, examples), value.indices, value.dense_shape
         )
     return tf.where(examples > 0, value, tf.zeros_like(value))
+
+
+def never_empty(examples: tf.Tensor) -> bool:
+    """Whether `examples` is a constant above 0: this replica has examples
+    in every batch the trace runs on."""
+    static = tf.get_static_value(examples)
+    return static is not None and static > 0
 
 
 def _sum_together(values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -357,15 +367,20 @@ def weighed_by_fraction(value: Gradient, fraction: tf.Tensor) -> Gradient:
 
 
 def sum_across_replicas(
-    gradients: Sequence[Gradient | None], counts: Iterable[tf.Tensor] = ()
+    gradients: Sequence[Gradient | None],
+    counts: Iterable[tf.Tensor] = (),
+    *,
+    riders: SummedTogether | None = None,
+    over_first_count: bool = False,
 ) -> tuple[list[Gradient | None], list[tf.Tensor]]:
     """Returns `(gradients, counts)`, each summed across replicas.
 
-    One collective for everything (a round trip between workers):
-    `tf.distribute` packs the values of one all-reduce together. `None`
-    gradients (variables the loss does not reach) stay `None`. A sparse
-    gradient of a table looked up once a batch is summed slice by slice,
-    one slice a position as on one device (`_lookups`).
+    One collective for everything (a round trip between workers): the
+    dense gradients travel as one vector, with the counts and any values
+    queued in `riders` (a step's logs). `None` gradients (variables the
+    loss does not reach) stay `None`. A sparse gradient of a table looked
+    up once a batch is summed slice by slice, one slice a position as on
+    one device (`_lookups`).
 
     Inside `read_as_batch_losses` (a step of the user's own), each
     gradient is weighed by the replica's fraction of the global batch
@@ -376,6 +391,10 @@ def sum_across_replicas(
         gradients: This replica's gradients.
         counts: Scalars to sum along with them, such as this replica's
             number of examples.
+        riders: Values to sum in the same collective, read back from it
+            once this returns. Defaults to `None`.
+        over_first_count: Whether the summed gradients are divided by the
+            first summed count (0 where it is 0). Defaults to `False`.
     """
     counts = list(counts)
     fraction = batch_fraction()
@@ -384,33 +403,192 @@ def sum_across_replicas(
             None if g is None else weighed_by_fraction(g, fraction) for g in gradients
         ]
     present = [g for g in gradients if g is not None]
-    if (
-        num_replicas() == 1
-        or tf.distribute.get_replica_context() is None
-        or not present + counts
-    ):
+    together = riders or SummedTogether()
+    if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
         summed, summed_counts = present, counts
+        together.all_reduce()
+        if over_first_count:
+            summed = _over_count(summed, counts[0])
     else:
-        dtype = _dense_dtype(present)
-        counts_as = [tf.cast(c, dtype) for c in counts]
-        parts = [SparseSum(g) for g in present]
-        if any(part.sparse for part in parts):
-            votes = iter(agreed([o for part in parts for o in part.once]))
-            for part in parts:
-                part.once = [next(votes) for _ in part.once]
-        pieces = [part.pieces() for part in parts]
-        reduced = tf.distribute.get_replica_context().all_reduce(
-            "SUM", [p for ps in pieces for p in ps] + counts_as
+        summed, summed_counts = _summed_together(
+            present, counts, together, over_first_count
         )
-        rest = iter(reduced)
-        summed = [
-            part.assembled([next(rest) for _ in ps]) for part, ps in zip(parts, pieces)
-        ]
-        summed_counts = [
-            tf.cast(c, original.dtype) for c, original in zip(rest, counts)
-        ]
     sums = iter(summed)
     return [None if g is None else next(sums) for g in gradients], summed_counts
+
+
+def _summed_together(
+    gradients: list[Gradient],
+    counts: list[tf.Tensor],
+    together: SummedTogether,
+    over_first_count: bool,
+) -> tuple[list[Gradient], list[tf.Tensor]]:
+    dtype = _dense_dtype(gradients)
+    parts = [SparseSum(g) for g in gradients]
+    if any(part.sparse for part in parts):
+        votes = iter(agreed([o for part in parts for o in part.once]))
+        for part in parts:
+            part.once = [next(votes) for _ in part.once]
+    pieces = [part.pieces() for part in parts]
+    flat = [p for ps in pieces for p in ps]
+    # The dense pieces of the gradients' dtype, as one vector.
+    dense = [
+        i
+        for i, p in enumerate(flat)
+        if not isinstance(p, tf.IndexedSlices) and p.dtype == dtype
+    ]
+    vector = together.add(_concatenated([flat[i] for i in dense])) if dense else None
+    others = {
+        i: together.add(p, pack=not isinstance(p, tf.IndexedSlices))
+        for i, p in enumerate(flat)
+        if i not in dense
+    }
+    summed_counts = [together.add(tf.cast(c, dtype)) for c in counts]
+    together.all_reduce()
+    reduced_counts = [tf.cast(get(), c.dtype) for get, c in zip(summed_counts, counts)]
+    reduced: dict[int, Any] = {i: get() for i, get in others.items()}
+    if vector is not None:
+        whole = vector()
+        if over_first_count:
+            whole = _over(whole, reduced_counts[0])
+        reduced.update(zip(dense, _split_like(whole, [flat[i] for i in dense])))
+    if over_first_count:
+        reduced.update(
+            {i: _over_count([reduced[i]], reduced_counts[0])[0] for i in others}
+        )
+    rest = iter(reduced[i] for i in range(len(flat)))
+    summed = [
+        part.assembled([next(rest) for _ in ps]) for part, ps in zip(parts, pieces)
+    ]
+    return summed, reduced_counts
+
+
+def _over_count(gradients: Sequence[Gradient], count: tf.Tensor) -> list[Gradient]:
+    def over(g: Gradient) -> Gradient:
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(_over(g.values, count), g.indices, g.dense_shape)
+        return _over(g, count)
+
+    return [over(g) for g in gradients]
+
+
+def _concatenated(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """`tensors` flattened and put end to end."""
+    flat = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in tensors]
+    return flat[0] if len(flat) == 1 else tf.concat(flat, 0)
+
+
+def _split_like(vector: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """`vector` (`_concatenated(tensors)`) cut back into `tensors`' shapes."""
+    if len(tensors) == 1:
+        parts = [vector]
+    else:
+        sizes = [_size(t) for t in tensors]
+        parts = tf.split(vector, sizes if _static(sizes) else tf.stack(sizes))
+    return _reshaped(parts, tensors)
+
+
+def _reshaped(
+    parts: Sequence[tf.Tensor], tensors: Sequence[tf.Tensor]
+) -> list[tf.Tensor]:
+    """Each of `parts` (a vector) in the shape of its tensor in `tensors`."""
+    return [
+        part if t.shape.rank == 1 else tf.reshape(part, _shape(t))
+        for part, t in zip(parts, tensors)
+    ]
+
+
+def _size(tensor: tf.Tensor) -> int | tf.Tensor:
+    static = tensor.shape.num_elements()
+    return tf.size(tensor) if static is None else static
+
+
+def _shape(tensor: tf.Tensor) -> list[int] | tf.Tensor:
+    shape = tensor.shape
+    return shape.as_list() if shape.is_fully_defined() else tf.shape(tensor)
+
+
+def _static(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int) for v in values)
+
+
+class SummedTogether:
+    """Values summed across replicas in one collective: queue each with
+    `add`, which returns its getter, then `all_reduce()` once (in replica
+    context), then read each sum with its getter.
+
+    Values of one dtype travel as one vector (`tf.distribute` packs the
+    vectors of several dtypes into the same collective); integers travel
+    as float32, exact below 2**24. A step queues its logs here and hands
+    it to `sum_across_replicas`, so they ride on the gradients' collective.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[tf.DType, list[tf.Tensor]] = {}
+        self._whole: list[Any] = []
+        self._sums: dict[tf.DType, list[tf.Tensor]] = {}
+        self._whole_sums: list[Any] = []
+        self.reduced = False
+
+    def add(self, value: Any, pack: bool = True) -> Callable[[], Any]:
+        """Queues `value`; returns `get()`, its sum over replicas once
+        `all_reduce()` ran. Unpacked (`pack=False`), `value` travels as it
+        is (an `IndexedSlices`)."""
+        if self.reduced:
+            raise RuntimeError("Values are added before the all-reduce.")
+        if not pack:
+            self._whole.append(value)
+            index = len(self._whole) - 1
+            return lambda: self._whole_sums[index]
+        value = tf.convert_to_tensor(value)
+        dtype = value.dtype
+        packed = value if dtype.is_floating else tf.cast(value, tf.float32)
+        parts = self._parts.setdefault(packed.dtype, [])
+        parts.append(packed)
+        key, index = packed.dtype, len(parts) - 1
+        return lambda: tf.cast(self._sums[key][index], dtype)
+
+    def all_reduce(self) -> None:
+        """Sums every queued value across replicas, in one collective."""
+        self.reduced = True
+        if not self._parts and not self._whole:
+            return
+        vectors = [_with_scalars_stacked(parts) for parts in self._parts.values()]
+        if num_replicas() > 1 and tf.distribute.get_replica_context() is not None:
+            summed = list(all_reduce_sum(vectors + self._whole))
+        else:
+            summed = vectors + self._whole
+        for (dtype, parts), vector in zip(self._parts.items(), summed):
+            self._sums[dtype] = _unstacked(vector, parts)
+        self._whole_sums = summed[len(vectors) :]
+
+
+def _with_scalars_stacked(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """`_concatenated(tensors)`, the scalars stacked first (one op, where
+    each would take a reshape)."""
+    scalars = [t for t in tensors if t.shape.rank == 0]
+    others = [t for t in tensors if t.shape.rank != 0]
+    if not scalars:
+        return _concatenated(others)
+    return _concatenated([tf.stack(scalars), *others])
+
+
+def _unstacked(vector: tf.Tensor, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """`vector` (`_with_scalars_stacked(tensors)`) cut back into `tensors`."""
+    scalars = sum(1 for t in tensors if t.shape.rank == 0)
+    others = [t for t in tensors if t.shape.rank != 0]
+    if not scalars:
+        return _split_like(vector, others)
+    found: Iterator[tf.Tensor] = iter(())
+    rest: Iterator[tf.Tensor] = iter(())
+    if not others:
+        found = iter(tf.unstack(vector, num=scalars))
+    else:
+        sizes = [scalars, *(_size(t) for t in others)]
+        pieces = tf.split(vector, sizes if _static(sizes) else tf.stack(sizes))
+        found = iter(tf.unstack(pieces[0], num=scalars))
+        rest = iter(_reshaped(pieces[1:], others))
+    return [next(found) if t.shape.rank == 0 else next(rest) for t in tensors]
 
 
 def with_placeholder_rows(tensor: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:

@@ -231,9 +231,16 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine = self._engine
         step = engine.train_pass(data, batch_size) if engine.train_pass else None
         accumulating = engine.accumulation
+        logs = metric_updates.RidingLogs(self, x, y, sample_weight)
         if step is None:
             step = forward.exact_gradients(
-                self, x, y, sample_weight, batch_size, not accumulating
+                self,
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                not accumulating,
+                before_sum=None if accumulating else logs.before_sum,
             )
         if accumulating:
             accumulating.apply(
@@ -243,7 +250,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             )
         else:
             update.apply_summed(self.optimizer, step.gradients, self.trainable_weights)
-        return metric_updates.update(self, x, y, sample_weight, step)
+        return logs.logs(step)
 
     @written_in_shares
     def test_step(self, data: Any) -> dict[str, Any]:

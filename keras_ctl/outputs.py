@@ -21,15 +21,13 @@ from typing import TypeAlias
 import keras
 import tensorflow as tf
 
-from keras_ctl._replicas import all_reduce_sum
+from keras_ctl._replicas import SummedTogether
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import weighed_by_fraction
 from keras_ctl.distribute import topology
 
-# `{dtype: [the parts summed across replicas]}`, one all-reduce per dtype.
-_Sums: TypeAlias = dict[Any, list[tf.Tensor]]
-# Gives a log's reduced value from the step's `_Sums`.
-_Finish: TypeAlias = Callable[[_Sums], Any]
+# Gives a log's reduced value once the step's sums are all-reduced.
+_Finish: TypeAlias = Callable[[], Any]
 
 
 class ReplicaSum(NamedTuple):
@@ -177,53 +175,89 @@ def reduce_step_logs(
             batch's mean; a replica without examples adds nothing) rather
             than averaged over replicas.
     """
-    batch = _SumBatch()
+    together = SummedTogether()
+    finish = planned_step_logs(outputs, metrics, results, fraction, together)
+    together.all_reduce()
+    return finish()
+
+
+def planned_step_logs(
+    outputs: Any,
+    metrics: Sequence[keras.metrics.Metric],
+    results: dict[str, tuple[keras.metrics.Metric, str | None]] | None,
+    fraction: tf.Tensor | None,
+    together: SummedTogether,
+) -> _Finish:
+    """`reduce_step_logs`, its sums queued in `together`: returns
+    `finish()`, the logs once `together` is all-reduced (a step's logs
+    riding on its gradients' collective)."""
     replicas = num_replicas()
     one_replica = replicas == 1
     results = results or {}
+    add = together.add
 
     def plan(value: Any) -> _Finish:
-        """Returns `finish(sums) -> value` for one leaf."""
+        """Returns `finish() -> value` for one leaf."""
         if isinstance(value, ReplicaSum):
-            return batch.add(value.value)
+            return add(value.value)
         if isinstance(value, ExampleMean):
-            total, count = batch.add(value.total), batch.add(value.count)
-            return lambda sums: _mean(total(sums), count(sums))
+            total, count = add(value.total), add(value.count)
+            return lambda: _mean(total(), count())
         if isinstance(value, Synchronized):
-            return lambda sums: value.value
+            return lambda: value.value
         if isinstance(value, dict):
             parts = {key: plan(item) for key, item in value.items()}
-            return lambda sums: {key: part(sums) for key, part in parts.items()}
+            return lambda: {key: part() for key, part in parts.items()}
         if isinstance(value, (list, tuple)):
             items = [plan(item) for item in value]
-            return lambda sums: type(value)(item(sums) for item in items)
+            return lambda: type(value)(item() for item in items)
         if one_replica:
-            return lambda sums: value
+            return lambda: value
         value = tf.convert_to_tensor(value)
         if fraction is not None and value.dtype.is_floating:
-            return batch.add(weighed_by_fraction(value, fraction))
-        total = batch.add(value)
-        return lambda sums: total(sums) / replicas
+            return add(weighed_by_fraction(value, fraction))
+        total = add(value)
+        return lambda: total() / replicas
 
     if one_replica or not isinstance(outputs, dict) or not (metrics or results):
-        finish = plan(outputs)
-        return finish(batch.all_reduce())
-    by_name = _metric_results(outputs, metrics, results, batch)
+        return plan(outputs)
+    by_name = _metric_results(outputs, metrics, results, together)
     parts = {
         name: by_name[name] if name in by_name else plan(value)
         for name, value in outputs.items()
     }
-    sums = batch.all_reduce()
-    return {name: part(sums) for name, part in parts.items()}
+    return lambda: {name: part() for name, part in parts.items()}
+
+
+def planned_metric_results(
+    metrics: Iterable[keras.metrics.Metric], together: SummedTogether
+) -> _Finish:
+    """`finish()`: what Keras's `Model.get_metrics_result()` returns for
+    `metrics`, each result computed from the metric's state summed across
+    replicas (queued in `together`), without its local result."""
+    central = topology.of().one_copy
+    planned = [(metric, _state_result(metric, together, central)) for metric in metrics]
+
+    def finish() -> dict[str, Any]:
+        logs: dict[str, Any] = {}
+        for metric, result in planned:
+            value = result()
+            if isinstance(value, dict):
+                logs.update(value)
+            else:
+                logs[metric.name] = value
+        return logs
+
+    return finish
 
 
 def _metric_results(
     outputs: dict[str, Any],
     metrics: Iterable[keras.metrics.Metric],
     results: dict[str, tuple[keras.metrics.Metric, str | None]],
-    batch: _SumBatch,
+    together: SummedTogether,
 ) -> dict[str, _Finish]:
-    """`{key: finish(sums)}` for the untyped outputs that are metric
+    """`{key: finish()}` for the untyped outputs that are metric
     results: recognized (`results`) or named after a metric."""
     wanted = {name for name, value in outputs.items() if not _is_typed(value)}
     # id(metric) -> (metric, {key: entry or None})
@@ -232,7 +266,7 @@ def _metric_results(
         if key in wanted:
             entries.setdefault(id(metric), (metric, {}))[1][key] = entry
     wanted -= set(results)
-    for metric in metrics:
+    for metric in metrics if wanted else ():
         if metric.name in wanted:
             named = {metric.name: None}  # the whole result
         else:
@@ -245,66 +279,39 @@ def _metric_results(
     central = topology.of().one_copy
     finishers: dict[str, _Finish] = {}
     for metric, keys in entries.values():
-        result = _state_result(metric, batch, central)
+        result = _state_result(metric, together, central)
         for key, entry in keys.items():
             finishers[key] = result if entry is None else _item(result, entry)
     return finishers
 
 
 def _item(result: _Finish, entry: str) -> _Finish:
-    """`finish(sums)`: the `entry` of the dict `result(sums)` gives."""
-    return lambda sums: result(sums)[entry]
+    """`finish()`: the `entry` of the dict `result()` gives."""
+    return lambda: result()[entry]
 
 
 def _state_result(
-    metric: keras.metrics.Metric, batch: _SumBatch, central: bool
+    metric: keras.metrics.Metric, together: SummedTogether, central: bool
 ) -> _Finish:
-    """`finish(sums)`: `metric`'s result from its state summed across
+    """`finish()`: `metric`'s result from its state summed across
     replicas."""
     if central:
         # One copy of each variable, updated with every replica's part.
-        return _cached(lambda sums: metric.result())
-    state = [batch.add(variable.value) for variable in metric.variables]
-    return _cached(lambda sums: metric.stateless_result([part(sums) for part in state]))
+        return _cached(lambda: metric.result())
+    state = [together.add(variable.value) for variable in metric.variables]
+    return _cached(lambda: metric.stateless_result([part() for part in state]))
 
 
 def _cached(function: _Finish) -> _Finish:
-    """`function(sums)`, computed once for the one `sums` of a step."""
+    """`function()`, computed once for the one all-reduce of a step."""
     cache: dict[str, Any] = {}
 
-    def cached(sums: _Sums) -> Any:
+    def cached() -> Any:
         if "value" not in cache:
-            cache["value"] = function(sums)
+            cache["value"] = function()
         return cache["value"]
 
     return cached
-
-
-class _SumBatch:
-    """Values to sum across replicas, packed into one all-reduce per dtype."""
-
-    def __init__(self) -> None:
-        self._parts: dict[Any, list[tf.Tensor]] = {}  # dtype -> flat tensors
-
-    def add(self, value: Any) -> _Finish:
-        """Queues `value`; returns `get(sums)`, its sum over replicas."""
-        value = tf.convert_to_tensor(value)
-        dtype, shape = value.dtype, tf.shape(value)
-        if not dtype.is_floating:
-            value = tf.cast(value, tf.float32)
-        parts = self._parts.setdefault(value.dtype, [])
-        parts.append(tf.reshape(value, [-1]))
-        key, index = value.dtype, len(parts) - 1
-        return lambda sums: tf.cast(tf.reshape(sums[key][index], shape), dtype)
-
-    def all_reduce(self) -> _Sums:
-        """Returns `{dtype: [summed parts]}`: one all-reduce per dtype."""
-        sums: _Sums = {}
-        for dtype, parts in self._parts.items():
-            sizes = [tf.shape(part)[0] for part in parts]
-            summed = all_reduce_sum(tf.concat(parts, axis=0))
-            sums[dtype] = tf.split(summed, tf.stack(sizes), num=len(parts))
-        return sums
 
 
 def _mean(total: tf.Tensor, count: tf.Tensor) -> tf.Tensor:

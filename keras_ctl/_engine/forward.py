@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
 from typing import NamedTuple
@@ -40,11 +41,11 @@ from keras_ctl import _keras
 from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import state as engine_state
-from keras_ctl._engine import update
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import Gradient
+from keras_ctl._replicas import SummedTogether
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import only_if_real
@@ -195,6 +196,8 @@ def loss_times_examples(
     `loss.loss_times_examples`); regularization counts once per example of
     the batch, as on one device."""
     total, per_output = loss_module.loss_times_examples(terms)
+    if not model.losses:
+        return total, per_output
     local_batch = tf.cast(batch_size, total.dtype)
     # Regularization's share of a global batch of 1, as the terms'.
     regularization = regularization_share(model.losses, local_batch, 1.0)
@@ -237,12 +240,15 @@ def exact_gradients(
     sample_weight: Any,
     batch_size: tf.Tensor,
     sum_gradients: bool = True,
+    before_sum: Callable[[Pass], SummedTogether | None] | None = None,
 ) -> Pass:
     """Trains' forward and backward pass: its `Pass`, with the gradients
     summed across replicas, in one collective where it can.
 
     Without `sum_gradients`, the gradients are this replica's share (summed
-    later, e.g. once per accumulated update)."""
+    later, e.g. once per accumulated update). `before_sum` is called with
+    the `Pass` (without gradients) before the gradients are summed; what
+    it returns rides on their collective (`metric_updates.RidingLogs`)."""
     with tf.GradientTape() as tape:
         y_pred, terms = None, None
         if is_keras_ctls(model, "compute_loss"):
@@ -274,13 +280,14 @@ def exact_gradients(
         _keras.gradients(tape, scaled, model.trainable_weights), batch_size
     )
     if fold:
-        return divide_after_sum(y_pred, summed, gradients, batch_size)
+        return divide_after_sum(y_pred, summed, gradients, batch_size, before_sum)
     if not sum_gradients:
         return forward._replace(gradients=gradients)
+    riders = before_sum(forward) if before_sum else None
     # The count's all-reduce first: collectives must run in one order on
     # every replica.
     with tf.control_dependencies([forward.shares.global_batch_size]):
-        gradients, _ = sum_across_replicas(gradients)
+        gradients, _ = sum_across_replicas(gradients, riders=riders)
     return forward._replace(gradients=gradients)
 
 
@@ -304,20 +311,31 @@ def divide_after_sum(
     summed: tuple[tf.Tensor, list[tf.Tensor]],
     gradients: Sequence[Gradient | None],
     batch_size: tf.Tensor,
+    before_sum: Callable[[Pass], SummedTogether | None] | None = None,
 ) -> Pass:
     """The `Pass` of `y_pred` from `loss x examples` parts `summed`.
 
     The gradients and this replica's number of examples are summed in one
     all-reduce; every part is a sum over examples, so one division by the
-    global count gives one device's mean, and its gradient.
+    global count gives one device's mean, and its gradient. `before_sum`
+    is as `exact_gradients`'s: its `Pass` has no global count.
     """
     total, per_output = summed
     local_batch = tf.cast(batch_size, total.dtype)
-    gradients, (global_batch,) = sum_across_replicas(gradients, [local_batch])
-    gradients = update.divide(gradients, global_batch)
+    riders = None
+    if before_sum is not None:
+        local = loss_module.LossShares(None, [], None, local_batch)
+        riders = before_sum(Pass(y_pred, None, total, local))
+    gradients, (global_batch,) = sum_across_replicas(
+        gradients, [local_batch], riders=riders, over_first_count=True
+    )
+    mean = tf.math.divide_no_nan(total, global_batch)
     shares = loss_module.LossShares(
-        total=tf.math.divide_no_nan(total, global_batch),
-        per_output=[tf.math.divide_no_nan(part, global_batch) for part in per_output],
+        total=mean,
+        per_output=[
+            mean if part is total else tf.math.divide_no_nan(part, global_batch)
+            for part in per_output
+        ],
         global_batch_size=global_batch,
         local_batch_size=local_batch,
     )
@@ -357,6 +375,8 @@ def default_loss_share(
         shares = loss_module.compiled_loss_shares(terms, batch_size, global_batch)
     # Not `None`: `compiled_loss_shares` and `count_only_shares` set it.
     total = cast(tf.Tensor, shares.total)
+    if not losses:
+        return total, shares
     regularization = regularization_share(
         losses, shares.local_batch_size, shares.global_batch_size
     )

@@ -153,10 +153,11 @@ def _fixed_count_shares(
 def _weighted_total(
     shares: Sequence[tf.Tensor], loss_weights: Sequence[float | None]
 ) -> tf.Tensor:
-    total = tf.zeros((), shares[0].dtype)
-    for share, loss_weight in zip(shares, loss_weights):
-        total += share if loss_weight is None else share * loss_weight
-    return total
+    weighted = [
+        share if weight is None else share * weight
+        for share, weight in zip(shares, loss_weights)
+    ]
+    return weighted[0] if len(weighted) == 1 else tf.add_n(weighted)
 
 
 def loss_terms(

@@ -18,10 +18,18 @@ def pad_empty_batch(data: Any) -> tuple[Any, tf.Tensor]:
     join every collective. The caller zeroes the placeholder's loss and
     counts (`batch_size` is 0 for it); synchronized BatchNorm leaves it out.
 
+    A batch whose size the trace knows (the data's batches split evenly) is
+    never empty: it is returned as it is, its size a constant, and what
+    guards an empty replica (`only_if_real`) is not traced.
+
     Returns:
         `(data, batch_size)` where `batch_size` counts the real examples.
     """
     flat = [t for t in tree.flatten(data) if t is not None]
+    shape = tf.TensorShape(flat[0].shape)
+    static = shape[0] if shape.rank else None
+    if static:
+        return data, tf.constant(static, tf.int32)
     batch_size = tf.shape(flat[0])[0]
     if num_replicas() == 1:
         return data, batch_size

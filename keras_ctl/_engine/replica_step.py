@@ -220,9 +220,16 @@ class ReplicaStep:
     def _replica_logs(self, outputs: Any, trace: Trace) -> Any:
         outputs, fraction = own_step.logs_and_fraction(outputs)
         self.logs_not_scalar |= _not_scalar(outputs)
-        if self.notice is not None and isinstance(outputs, dict):
+        if (
+            self.notice is not None
+            and isinstance(outputs, dict)
+            and preemption.NOTICE_LOG not in outputs  # rode on the gradients'
+        ):
             shared = outputs_module.ReplicaSum(self.notice.read_value())
             outputs = {**outputs, preemption.NOTICE_LOG: shared}
+        if _reduced_already(outputs):
+            # The step's logs rode on its gradients' collective.
+            return outputs_module.reduce_step_logs(outputs)
         updates_done = [tf.identity(o.iterations) for o in self.parts.optimizers]
         with tf.control_dependencies(updates_done):
             updated = _keras.updated_metrics(self.parts.metrics(), trace.written)
@@ -264,6 +271,14 @@ class FirstBatch(NamedTuple):
     eagerly: bool
 
 
+def _reduced_already(outputs: Any) -> bool:
+    """Whether every log in `outputs` (a dict) is the same on every replica
+    already (`outputs.Synchronized`)."""
+    return isinstance(outputs, dict) and all(
+        isinstance(value, outputs_module.Synchronized) for value in outputs.values()
+    )
+
+
 def _not_scalar(outputs: Any) -> set[str]:
     """The names of the logs in `outputs` (a dict) that are tensors of at
     least one dimension."""
@@ -290,16 +305,22 @@ def _random_rows_as_one_device(
         yield
         return
     first = [t for t in tree.flatten(data) if t is not None][0]
-    count = tf.shape(first)[0]
+    shape = tf.TensorShape(first.shape)
+    static = shape[0] if shape.rank else None
+    # A batch whose size the trace knows is never empty; an empty
+    # replica's layers see one row, its placeholder.
+    count = tf.constant(static) if static else tf.shape(first)[0]
+    rows = count if static else tf.maximum(count, 1)
     if positions is None:
         offset: Any = lambda: examples_before(count)  # noqa: E731
     else:
         # The first example's position; 0 for an empty replica, whose
-        # placeholder row's numbers weigh nothing.
-        offset = tf.reduce_sum(positions[:1])
-    # An empty replica's layers see one row, its placeholder.
-    rows = tf.maximum(count, 1)
-    with _keras.draw_rows_as_one_device(rows, offset, first.shape[0]):
+        # placeholder row's numbers weigh nothing. Computed at the first
+        # draw: a step that draws nothing computes nothing.
+        offset = (
+            (lambda: positions[0]) if static else (lambda: tf.reduce_sum(positions[:1]))
+        )
+    with _keras.draw_rows_as_one_device(rows, offset, static):
         yield
 
 

@@ -134,9 +134,12 @@ def _noting_result(metric):
     return result
 
 
-def metric_results_among(outputs: Any, noted: Any) -> dict[str, Any]:
+def metric_results_among(outputs: Any, noted: Any = None) -> dict[str, Any]:
     """`{key: (metric, entry)}` for the top-level values of `outputs` (a
-    dict) that are metric results noted by `results_noted`."""
+    dict) that are metric results noted by `results_noted` (by default,
+    those this replica step's thread notes)."""
+    if noted is None:
+        noted = getattr(_in_step, "results", None) or {}
     if not isinstance(outputs, dict):
         return {}
     found = {}

@@ -467,9 +467,11 @@ def dropout_as_one_device(original):
             or (isinstance(rate, (int, float)) and rate in (0, 1))
         ):
             return original(inputs, rate, noise_shape=noise_shape, seed=seed)
-        concrete_noise_shape = names.member(
-            "keras.src.backend.tensorflow.random", "_get_concrete_noise_shape"
-        )(inputs, noise_shape)
+        concrete_noise_shape = _static_noise_shape(inputs, noise_shape)
+        if concrete_noise_shape is None:
+            concrete_noise_shape = names.member(
+                "keras.src.backend.tensorflow.random", "_get_concrete_noise_shape"
+            )(inputs, noise_shape)
         before = _rows_before(concrete_noise_shape[0])
         if tf.get_static_value(before) == 0:
             return original(inputs, rate, noise_shape=noise_shape, seed=seed)
@@ -491,6 +493,20 @@ def dropout_as_one_device(original):
         )
 
     return dropout
+
+
+def _static_noise_shape(inputs, noise_shape):
+    """Keras's concrete noise shape of a dropout as Python ints, where the
+    trace knows every dimension (else `None`): the same draw, no op."""
+    shape = inputs.shape.as_list()
+    if noise_shape is not None:
+        if len(noise_shape) != len(shape):
+            return None
+        given = [None if d is None else _static(d) for d in noise_shape]
+        if any(d is not None and g is None for d, g in zip(noise_shape, given)):
+            return None  # a dimension known only when the step runs
+        shape = [s if g is None else g for s, g in zip(shape, given)]
+    return shape if all(isinstance(d, int) for d in shape) else None
 
 
 def _rows_in_front(value, before, fill=0):

@@ -39,19 +39,31 @@ def rows_of(kind, shape, before, seed, dtype, **bounds):
     per_group = 2 if dtype.size == 8 else 4
     steps = max(1, _RESERVED_PER_ELEMENT.get(kind, 1) * per_group // 4)
     per_row = _product(dimensions[1:])
-    start = tf.cast(before, tf.int64) * per_row
-    lead = start % per_group
-    count = lead + tf.cast(dimensions[0], tf.int64) * per_row
+    before = tf.cast(before, tf.int64)
+    rows = dimensions[0]
+    if isinstance(per_row, int) and per_row % per_group == 0:
+        # Rows start at a group: nothing drawn in front of them.
+        lead: int | tf.Tensor = 0
+        advance = before * (per_row // per_group * steps)
+    else:
+        start = before * per_row
+        lead, advance = start % per_group, start // per_group * steps
+    count = _product([rows, per_row])
+    if not isinstance(lead, int):
+        count = lead + count
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
     drawn = _KERNELS[kind](
-        shape=tf.reshape(count, [1]),
+        shape=[count] if isinstance(count, int) else tf.reshape(count, [1]),
         key=key,
-        counter=_advanced(counter, start // per_group * steps),
+        counter=_advanced(counter, advance),
         alg=alg,
         **({"dtype": dtype} if kind != "uniform_int" else {}),
         **bounds,
     )
-    return tf.reshape(drawn[lead:], tf.stack(dimensions))
+    if not isinstance(lead, int):
+        drawn = drawn[lead:]
+    static = all(isinstance(d, int) for d in dimensions)
+    return tf.reshape(drawn, dimensions if static else tf.stack(dimensions))
 
 
 def _dimensions(shape):

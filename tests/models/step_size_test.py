@@ -1,13 +1,19 @@
-"""The traced train function of CTLModel on 2 replicas holds no more ops
-and collectives than it held when this test was written, against
-`keras.Model`'s on the same model (its graph and function library, every
-branch): a change that grows the step fails here, with the numbers.
+"""The traced train function of CTLModel holds no more ops and collectives
+than it held when this test was written, against `keras.Model`'s on the
+same model (its graph and function library, every branch): a change that
+grows the step fails here, with the numbers.
 
-Measured (2 logical CPU replicas, TensorFlow 2.21, Keras 3.15): CTLModel
-1260 / 1545 / 3182 / 1432 ops for keras.Model's 859 / 1120 / 2621 / 933
-(MLP, CNN, transformer block, MLP with Dropout), 4 collectives in the
-graph for Keras's 2. The target is 1.05 times Keras's ops and no more
-collectives than it executes (`benchmarks/README.md`, "The step's size").
+Measured (TensorFlow 2.21, Keras 3.15; MLP, CNN, transformer block, MLP
+with Dropout drawing as one device):
+
+- 2 logical CPU replicas: CTLModel 866 / 1111 / 2540 / 986 ops for
+  keras.Model's 859 / 1120 / 2621 / 933, 2 collectives in the graph for
+  Keras's 2 (the gradients, the count and the logs in one);
+- 1 device: 383 / 504 / 1197 / 420 for Keras's 373 / 494 / 1187 / 410.
+
+The target is 1.05 times Keras's ops and no more collectives
+(`benchmarks/README.md`, "The step's size"). The batches split evenly, so
+the trace knows no replica is ever empty and guards none.
 """
 
 import devices
@@ -15,15 +21,29 @@ import pytest
 import step_size
 
 # The largest ratio of CTLModel's ops to keras.Model's allowed, by model:
-# the measured ratio (1.467, 1.379, 1.214, 1.535) and 1 % for Keras's and
-# TensorFlow's own versions moving.
-RATIO = {"mlp": 1.48, "cnn": 1.39, "transformer_block": 1.23, "mlp_dropout": 1.55}
-COLLECTIVES_ADDED = 2  # in branches: a replica without examples
+# the measured ratio and 1 % for Keras's and TensorFlow's own versions
+# moving, at most the target of 1.05 except where the measurement is above
+# it (one device's random draws under replicas: 1.057).
+RATIO = {
+    "mirrored": {
+        "mlp": 1.02,
+        "cnn": 1.01,
+        "transformer_block": 0.98,
+        "mlp_dropout": 1.07,
+    },
+    "default": {
+        "mlp": 1.04,
+        "cnn": 1.03,
+        "transformer_block": 1.02,
+        "mlp_dropout": 1.04,
+    },
+}
 
 
+@pytest.mark.parametrize("strategy", ["mirrored", "default"])
 @pytest.mark.parametrize("name", step_size.MODELS)
-def test_the_step_grows_no_larger_than_measured(name):
-    found = step_size.size(name, devices.get("mirrored"))
+def test_the_step_grows_no_larger_than_measured(name, strategy):
+    found = step_size.size(name, devices.get(strategy))
     (keras_ops, keras_collectives), (ops, collectives) = found["keras"], found["ctl"]
-    assert ops / keras_ops <= RATIO[name], found
-    assert collectives <= keras_collectives + COLLECTIVES_ADDED, found
+    assert ops / keras_ops <= RATIO[strategy][name], found
+    assert collectives <= keras_collectives, found
