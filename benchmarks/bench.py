@@ -1,7 +1,8 @@
 """Speed of CTLModel.fit against keras.Model.fit and hand-written loops.
 
-Candidates, on the Keras guide's MLP (784-64-64-10) and the TensorFlow
-tutorial's CNN (28x28x1), global batch 64, Adam, for each of `--replicas`
+Candidates, on the Keras guide's MLP (784-64-64-10), the TensorFlow
+tutorial's CNN (28x28x1) and one transformer block (16 tokens of 64, with
+`--models`), global batch 64, Adam, for each of `--replicas`
 (1, 2, 4 or 8; `MirroredStrategy`, logical CPU devices when there are no
 GPUs; at most one count above 1 per run),
 `steps_per_execution` 1 and 32, XLA off and on:
@@ -46,8 +47,9 @@ steps/s and the median of the per-round ratios.
 Usage (from the repository's root; the code stays out of the installed
 package):
 
-    python benchmarks/bench.py [--models mlp,cnn] [--replicas 1,2|1,4|1,8]
-        [--workers 2,4] [--ps-workers 1,2] [--rounds 5] [--steps 50] [--out DIR]
+    python benchmarks/bench.py [--models mlp,cnn,transformer_block]
+        [--replicas 1,2|1,4|1,8] [--workers 2,4] [--ps-workers 1,2]
+        [--rounds 5] [--steps 50] [--out DIR]
 """
 
 import argparse
@@ -87,8 +89,24 @@ def cnn(model_class):
     return model_class(inputs, keras.layers.Dense(10)(x))
 
 
+def transformer_block(model_class):
+    """One transformer block (attention of 4 heads of 16, a feed-forward
+    of 128) on 16 tokens of 64 features, as `tests/support/step_size.py`."""
+    inputs = keras.Input((16, 64))
+    attended = keras.layers.MultiHeadAttention(4, 16)(inputs, inputs)
+    x = keras.layers.LayerNormalization()(inputs + attended)
+    forward = keras.layers.Dense(128, activation="relu")(x)
+    x = keras.layers.LayerNormalization()(x + keras.layers.Dense(64)(forward))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return model_class(inputs, keras.layers.Dense(10)(x))
+
+
 mlp = models.guide_mlp
-MODELS = {"mlp": (mlp, (784,)), "cnn": (cnn, (28, 28, 1))}
+MODELS = {
+    "mlp": (mlp, (784,)),
+    "cnn": (cnn, (28, 28, 1)),
+    "transformer_block": (transformer_block, (16, 64)),
+}
 
 
 class ExactCount(CTLModel):
@@ -594,7 +612,9 @@ def write_report(args, measured):
 
 def add_bench_arguments(parser):
     parser.add_argument(
-        "--models", type=_list_of(str, ("mlp", "cnn")), default=["mlp", "cnn"]
+        "--models",
+        type=_list_of(str, tuple(MODELS)),
+        default=["mlp", "cnn"],
     )
     parser.add_argument(
         "--replicas",

@@ -372,6 +372,7 @@ def sum_across_replicas(
     *,
     riders: SummedTogether | None = None,
     over_first_count: bool = False,
+    examples: tf.Tensor | None = None,
 ) -> tuple[list[Gradient | None], list[tf.Tensor]]:
     """Returns `(gradients, counts)`, each summed across replicas.
 
@@ -395,6 +396,10 @@ def sum_across_replicas(
             once this returns. Defaults to `None`.
         over_first_count: Whether the summed gradients are divided by the
             first summed count (0 where it is 0). Defaults to `False`.
+        examples: This replica's number of real examples, when it may have
+            none (padded with a placeholder example): its gradients then
+            add zeros, not the NaN the placeholder can make. Defaults to
+            `None`.
     """
     counts = list(counts)
     fraction = batch_fraction()
@@ -411,7 +416,7 @@ def sum_across_replicas(
             summed = _over_count(summed, counts[0])
     else:
         summed, summed_counts = _summed_together(
-            present, counts, together, over_first_count
+            present, counts, together, over_first_count, examples
         )
     sums = iter(summed)
     return [None if g is None else next(sums) for g in gradients], summed_counts
@@ -422,6 +427,7 @@ def _summed_together(
     counts: list[tf.Tensor],
     together: SummedTogether,
     over_first_count: bool,
+    examples: tf.Tensor | None,
 ) -> tuple[list[Gradient], list[tf.Tensor]]:
     dtype = _dense_dtype(gradients)
     parts = [SparseSum(g) for g in gradients]
@@ -437,7 +443,17 @@ def _summed_together(
         for i, p in enumerate(flat)
         if not isinstance(p, tf.IndexedSlices) and p.dtype == dtype
     ]
-    vector = together.add(_concatenated([flat[i] for i in dense])) if dense else None
+    if examples is not None:
+        # One guard for all the dense gradients, one for each other piece.
+        flat = [
+            p if i in dense else only_if_real(p, examples) for i, p in enumerate(flat)
+        ]
+    vector = None
+    if dense:
+        whole = _concatenated([flat[i] for i in dense])
+        vector = together.add(
+            whole if examples is None else only_if_real(whole, examples)
+        )
     others = {
         i: together.add(p, pack=not isinstance(p, tf.IndexedSlices))
         for i, p in enumerate(flat)
@@ -517,10 +533,10 @@ class SummedTogether:
     `add`, which returns its getter, then `all_reduce()` once (in replica
     context), then read each sum with its getter.
 
-    Values of one dtype travel as one vector (`tf.distribute` packs the
-    vectors of several dtypes into the same collective); integers travel
-    as float32, exact below 2**24. A step queues its logs here and hands
-    it to `sum_across_replicas`, so they ride on the gradients' collective.
+    Values of one dtype travel as one vector, one collective a dtype;
+    integers travel as float32, exact below 2**24. A step queues its logs
+    here and hands it to `sum_across_replicas`, so they ride on the
+    gradients' collective.
     """
 
     def __init__(self) -> None:
@@ -551,16 +567,20 @@ class SummedTogether:
     def all_reduce(self) -> None:
         """Sums every queued value across replicas, in one collective."""
         self.reduced = True
-        if not self._parts and not self._whole:
+        if num_replicas() == 1 or tf.distribute.get_replica_context() is None:
+            # Each value is its own sum: nothing packed.
+            self._sums, self._whole_sums = self._parts, self._whole
             return
-        vectors = [_with_scalars_stacked(parts) for parts in self._parts.values()]
-        if num_replicas() > 1 and tf.distribute.get_replica_context() is not None:
-            summed = list(all_reduce_sum(vectors + self._whole))
-        else:
-            summed = vectors + self._whole
-        for (dtype, parts), vector in zip(self._parts.items(), summed):
-            self._sums[dtype] = _unstacked(vector, parts)
-        self._whole_sums = summed[len(vectors) :]
+        # One all-reduce a dtype: `tf.distribute` packs the tensors of one
+        # call into one, of one dtype. Unpacked values ride with the first.
+        whole = self._whole
+        for dtype, parts in self._parts.items():
+            summed = list(all_reduce_sum([_with_scalars_stacked(parts), *whole]))
+            self._sums[dtype] = _unstacked(summed[0], parts)
+            self._whole_sums += summed[1:]
+            whole = []
+        if whole:
+            self._whole_sums = list(all_reduce_sum(whole))
 
 
 def _with_scalars_stacked(tensors: list[tf.Tensor]) -> tf.Tensor:
@@ -594,8 +614,20 @@ def _unstacked(vector: tf.Tensor, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
 def with_placeholder_rows(tensor: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:
     """`tensor` with `missing` (0 or 1) placeholder rows of zeros appended:
     what a replica without examples computes on."""
-    zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
-    return tf.concat([tensor, zeros], axis=0)
+    rank = tensor.shape.rank
+    numeric = tensor.dtype.is_floating or tensor.dtype.is_integer
+    if rank is None or not numeric:
+        zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
+        return tf.concat([tensor, zeros], axis=0)
+    # Paddings `[[0, missing], [0, 0], ...]`: one op besides the pad.
+    paddings = tf.constant([[0, 1]] + [[0, 0]] * (rank - 1), tf.int32) * missing
+    padded = tf.pad(tensor, paddings)
+    if not tf.executing_eagerly():
+        # A pad by computed amounts leaves every size unknown: the sizes
+        # the concatenation of a placeholder row would keep.
+        rows = tensor.shape[0]
+        padded.set_shape([1 if rows == 0 else rows, *tensor.shape[1:]])
+    return padded
 
 
 def _dense_dtype(gradients: Sequence[Gradient]) -> tf.DType:

@@ -276,18 +276,19 @@ def exact_gradients(
             )
             objective = forward.loss
         scaled = model.optimizer.scale_loss(objective)
-    gradients = zero_if_padded(
-        _keras.gradients(tape, scaled, model.trainable_weights), batch_size
-    )
+    gradients = _keras.gradients(tape, scaled, model.trainable_weights)
     if fold:
+        # Zeroed for a replica without examples as they are summed.
         return divide_after_sum(y_pred, summed, gradients, batch_size, before_sum)
     if not sum_gradients:
-        return forward._replace(gradients=gradients)
+        return forward._replace(gradients=zero_if_padded(gradients, batch_size))
     riders = before_sum(forward) if before_sum else None
     # The count's all-reduce first: collectives must run in one order on
     # every replica.
     with tf.control_dependencies([forward.shares.global_batch_size]):
-        gradients, _ = sum_across_replicas(gradients, riders=riders)
+        gradients, _ = sum_across_replicas(
+            gradients, riders=riders, examples=batch_size
+        )
     return forward._replace(gradients=gradients)
 
 
@@ -327,7 +328,11 @@ def divide_after_sum(
         local = loss_module.LossShares(None, [], None, local_batch)
         riders = before_sum(Pass(y_pred, None, total, local))
     gradients, (global_batch,) = sum_across_replicas(
-        gradients, [local_batch], riders=riders, over_first_count=True
+        gradients,
+        [local_batch],
+        riders=riders,
+        over_first_count=True,
+        examples=batch_size,
     )
     mean = tf.math.divide_no_nan(total, global_batch)
     shares = loss_module.LossShares(

@@ -29,34 +29,121 @@ def global_batch(structure: Any) -> Any:
     The gradient is `ReplicaContext.all_gather`'s: what every replica's loss
     asks of a replica's rows, summed; in a step of one's own read as one
     device's code, each replica's ask weighed by its part of the global
-    batch, as the step weighs its gradients (`_weighed_as_one_device`)."""
+    batch, as the step weighs its gradients (`_weighed_as_one_device`).
+
+    The tensors travel in one gather where they can (`_Rows`): each
+    replica's rows side by side, one row of all of them an example, so a
+    step's `x`, `y` and predictions cost one collective (and one for their
+    gradients), not one each."""
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
         return structure
     if topology.needs_equal_shapes(context.strategy):
         raise ValueError(UNEQUAL_ROWS_ON_TPU)
     fraction = gradient_weight()
-    return tree.map_structure(
-        lambda leaf: _rows_of_every_replica(context, leaf, fraction), structure
-    )
+    leaves = tree.flatten(structure)
+    wanted = [i for i, leaf in enumerate(leaves) if _gathered(leaf)]
+    rows = [_keras.without_placeholder(leaves[i]) for i in wanted]
+    if fraction is not None:
+        rows = [_weighed_as_one_device(r, fraction, divided=True) for r in rows]
+    gathered = _Rows(rows).gathered(context)
+    if fraction is not None:
+        gathered = [
+            _weighed_as_one_device(g, fraction, divided=False) for g in gathered
+        ]
+    for index, value in zip(wanted, gathered):
+        # The gather forgets the static shape past the rows; layers need it.
+        value.set_shape([None, *leaves[index].shape[1:]])
+        leaves[index] = value
+    return tree.pack_sequence_as(structure, leaves)
 
 
-def _rows_of_every_replica(
-    context: tf.distribute.ReplicaContext, leaf: Any, fraction: tf.Tensor | None
-) -> Any:
-    if not tf.is_tensor(leaf) or leaf.shape.rank == 0:
-        return leaf
-    rows = _keras.without_placeholder(leaf)
-    if fraction is not None:
-        rows = _weighed_as_one_device(rows, fraction, divided=True)
-    # One gather a tensor: TensorFlow's gradient of a gather of several
-    # tensors stacks their gradients, which fails unless all shapes agree.
-    gathered = context.all_gather(rows, axis=0)
-    if fraction is not None:
-        gathered = _weighed_as_one_device(gathered, fraction, divided=False)
-    # The gather forgets the static shape past the rows; layers need it.
-    gathered.set_shape([None, *leaf.shape[1:]])
-    return gathered
+def _gathered(leaf: Any) -> bool:
+    return tf.is_tensor(leaf) and leaf.shape.rank is not None and leaf.shape.rank > 0
+
+
+class _Rows:
+    """Tensors of one replica's rows (the same number of rows each), put
+    side by side in one matrix per dtype to gather together.
+
+    A tensor whose dtype has no gradient (integers: labels, token ids) and
+    whose width is a multiple of the first float tensor's travels in that
+    tensor's matrix, its bits reinterpreted (`tf.bitcast`): a gather copies
+    bits, so it comes back exact. So a step's features, labels and
+    predictions make one gather. Other dtypes make their own."""
+
+    def __init__(self, tensors: list[tf.Tensor]) -> None:
+        self.tensors = tensors
+        floats = [t.dtype for t in tensors if t.dtype.is_floating]
+        self.carrier = floats[0] if floats else None
+
+    def _dtype_of(self, tensor: tf.Tensor) -> tf.DType:
+        carrier = self.carrier
+        if (
+            carrier is not None
+            and tensor.dtype.is_integer
+            and tensor.dtype.size % carrier.size == 0
+        ):
+            return carrier
+        return tensor.dtype
+
+    def gathered(self, context: tf.distribute.ReplicaContext) -> list[tf.Tensor]:
+        groups: dict[tf.DType, list[int]] = {}
+        for index, tensor in enumerate(self.tensors):
+            groups.setdefault(self._dtype_of(tensor), []).append(index)
+        by_index: dict[int, tf.Tensor] = {}
+        for dtype, indices in groups.items():
+            columns = [self._columns(self.tensors[i], dtype) for i in indices]
+            # One gather a group: TensorFlow's gradient of a gather of
+            # several tensors stacks their gradients, which fails unless
+            # all shapes agree; one matrix has one.
+            whole = columns[0] if len(columns) == 1 else tf.concat(columns, 1)
+            whole = context.all_gather(whole, axis=0)
+            widths = [_width(self.tensors[i], dtype) for i in indices]
+            parts = [whole] if len(indices) == 1 else _split_columns(whole, widths)
+            for i, part in zip(indices, parts):
+                by_index[i] = self._restored(part, self.tensors[i], dtype)
+        return [by_index[i] for i in range(len(self.tensors))]
+
+    @staticmethod
+    def _columns(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """`tensor` as a matrix of `dtype`, a row an example."""
+        if tensor.dtype != dtype:
+            tensor = tf.bitcast(tensor, dtype)
+        if tensor.shape.rank == 2:
+            return tensor
+        return tf.reshape(tensor, [tf.shape(tensor)[0], _width(tensor, dtype)])
+
+    @staticmethod
+    def _restored(part: tf.Tensor, tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """The gathered `part` (`_columns`) in `tensor`'s shape and dtype."""
+        per_element = tensor.dtype.size // dtype.size
+        extra = [per_element] if tensor.dtype != dtype and per_element > 1 else []
+        if tensor.shape.rank != 2 or extra:
+            inner = tensor.shape[1:]
+            if inner.is_fully_defined():
+                shape: Any = [-1, *inner.as_list(), *extra]
+            else:
+                shape = tf.concat([[-1], tf.shape(tensor)[1:], extra], 0)
+            part = tf.reshape(part, shape)
+        return part if tensor.dtype == dtype else tf.bitcast(part, tensor.dtype)
+
+
+def _width(tensor: tf.Tensor, dtype: tf.DType) -> int | tf.Tensor:
+    """Elements of `dtype` in a row of `tensor` (a wider integer takes
+    several)."""
+    per_element = max(1, tensor.dtype.size // dtype.size)
+    inner = tensor.shape[1:].num_elements()
+    if inner is not None:
+        return inner * per_element
+    return tf.reduce_prod(tf.shape(tensor)[1:]) * per_element
+
+
+def _split_columns(matrix: tf.Tensor, widths: list[Any]) -> list[tf.Tensor]:
+    sizes: Any = widths
+    if not all(isinstance(w, int) for w in widths):
+        sizes = tf.stack([tf.cast(w, tf.int32) for w in widths])
+    return list(tf.split(matrix, sizes, axis=1))
 
 
 def _weighed_as_one_device(

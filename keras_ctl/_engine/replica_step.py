@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -297,10 +298,12 @@ def _random_rows_as_one_device(
 ) -> Iterator[None]:
     """Within it, this replica's random draws of its rows are one device's
     (`_keras.draw_rows_as_one_device`), when `as_one_device`. Where its
-    examples sit in the global batch is read from the `positions` its data
-    carries (`_keras.iterators.with_positions`), else asked of the other
-    replicas at the first draw that needs it (an all-gather of their batch
-    sizes, which a step that draws nothing never makes)."""
+    examples sit in the global batch is known as the step is traced where
+    every replica's batch size is (`_even_offset`), else read from the
+    `positions` its data carries (`_keras.iterators.with_positions`), else
+    asked of the other replicas at the first draw that needs it (an
+    all-gather of their batch sizes, which a step that draws nothing never
+    makes)."""
     if not as_one_device:
         yield
         return
@@ -311,17 +314,38 @@ def _random_rows_as_one_device(
     # replica's layers see one row, its placeholder.
     count = tf.constant(static) if static else tf.shape(first)[0]
     rows = count if static else tf.maximum(count, 1)
-    if positions is None:
-        offset: Any = lambda: examples_before(count)  # noqa: E731
-    else:
+    offset: Any = _even_offset(static, positions is not None)
+    if offset is None and positions is None:
+        offset = lambda: examples_before(count)  # noqa: E731
+    elif offset is None:
         # The first example's position; 0 for an empty replica, whose
         # placeholder row's numbers weigh nothing. Computed at the first
         # draw: a step that draws nothing computes nothing.
-        offset = (
-            (lambda: positions[0]) if static else (lambda: tf.reduce_sum(positions[:1]))
-        )
+        offset = functools.partial(_first_position, positions, bool(static))
     with _keras.draw_rows_as_one_device(rows, offset, static):
         yield
+
+
+def _first_position(positions: tf.Tensor, never_empty: bool) -> tf.Tensor:
+    """The position of this replica's first example (0 without any)."""
+    return positions[0] if never_empty else tf.reduce_sum(positions[:1])
+
+
+def _even_offset(rows: int | None, numbered: bool) -> int | None:
+    """Where this replica's examples start in the global batch, where the
+    trace knows it (else `None`): every replica holds `rows` examples (the
+    element spec all replicas share), so the replicas before this one hold
+    `rows` each. Not in an eager step, whose shapes are each replica's own
+    (3 and 2 examples). Batches `fit()` numbered (`numbered`) are split in
+    replica order on one machine only: workers may shard their examples
+    apart."""
+    if not rows or tf.executing_eagerly():
+        return None
+    context = tf.distribute.get_replica_context()
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    if replica is None or (numbered and topology.of().workers > 1):
+        return None
+    return int(replica) * rows
 
 
 def optionals_to_none(data: Any) -> Any:

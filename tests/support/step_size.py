@@ -48,17 +48,20 @@ def _data(name, rows=64):
     return rng.random((rows, *shape), dtype="float32"), rng.integers(0, 10, rows)
 
 
-def trained(name, model_class, strategy):
-    """`model_class` of model `name`, compiled and fit for 2 steps of 32."""
+def trained(name, model_class, strategy, rows=64, optimizer=None, **compile_options):
+    """`model_class` of model `name`, compiled (Adam, or `optimizer`'s
+    options to Adam, and `compile_options`) and fit on `rows` examples in
+    batches of 32: 2 steps of 32 by default."""
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = model_class(*_layers(name))
         model.compile(
-            keras.optimizers.Adam(1e-3),
+            keras.optimizers.Adam(1e-3, **(optimizer or {})),
             keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
+            **compile_options,
         )
-    x, y = _data(name)
+    x, y = _data(name, rows)
     model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
     return model
 
@@ -84,12 +87,16 @@ def op_counts(graph_def):
     return counts
 
 
-def size(name, strategy):
+def size(name, strategy, rows=64):
     """`{"keras": (ops, collectives), "ctl": (ops, collectives)}` of model
-    `name` under `strategy`."""
-    found = {}
-    for key, model_class in (("keras", keras.Model), ("ctl", keras_ctl.CTLModel)):
-        counts = op_counts(train_graph(trained(name, model_class, strategy)))
-        collectives = sum(counts[op] for op in COLLECTIVES)
-        found[key] = (sum(counts.values()), collectives)
-    return found
+    `name` under `strategy`, fit on `rows` examples."""
+    return {
+        key: size_of(trained(name, model_class, strategy, rows))
+        for key, model_class in (("keras", keras.Model), ("ctl", keras_ctl.CTLModel))
+    }
+
+
+def size_of(model):
+    """`(ops, collectives)` of `model`'s traced train function."""
+    counts = op_counts(train_graph(model))
+    return sum(counts.values()), sum(counts[op] for op in COLLECTIVES)
