@@ -17,8 +17,11 @@ the trace knows no replica is ever empty and guards none.
 """
 
 import devices
+import keras
 import pytest
 import step_size
+
+import keras_ctl
 
 # The largest ratio of CTLModel's ops to keras.Model's allowed, by model:
 # the measured ratio and 1 % for Keras's and TensorFlow's own versions
@@ -46,3 +49,29 @@ def test_the_step_grows_no_larger_than_measured(name, strategy):
     (keras_ops, keras_collectives), (ops, collectives) = found["keras"], found["ctl"]
     assert ops / keras_ops <= RATIO[strategy][name], found
     assert collectives <= keras_collectives, found
+
+
+class OwnMeanLoss(keras_ctl.CTLModel):
+    def compute_loss(self, x, y, y_pred, sample_weight=None, training=True):
+        losses = keras.losses.sparse_categorical_crossentropy(
+            y, y_pred, from_logits=True
+        )
+        return keras.ops.mean(losses)
+
+
+def test_the_global_batch_is_gathered_in_one_all_gather():
+    # x (float32), y (int64, as the predictions' bits) and y_pred in one
+    # all-gather: TensorFlow's of uneven rows is 2 collectives (the sizes,
+    # the rows) a replica, where one a tensor took 6. Then a reduction for
+    # the gathered rows' gradients, the count, and the gradients with the
+    # logs.
+    model = step_size.trained(
+        "mlp",
+        OwnMeanLoss,
+        devices.get("mirrored"),
+        compute_loss_over="global_batch",
+    )
+    counts = step_size.op_counts(step_size.train_graph(model))
+    replicas = 2
+    assert counts["CollectiveGatherV2"] == 2 * replicas, counts
+    assert counts["CollectiveReduceV2"] == 3 * replicas, counts
