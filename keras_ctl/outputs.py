@@ -176,12 +176,12 @@ def reduce_step_logs(
             than averaged over replicas.
     """
     together = SummedTogether()
-    finish = planned_step_logs(outputs, metrics, results, fraction, together)
+    finish = _planned_step_logs(outputs, metrics, results, fraction, together)
     together.all_reduce()
     return finish()
 
 
-def planned_step_logs(
+def _planned_step_logs(
     outputs: Any,
     metrics: Sequence[keras.metrics.Metric],
     results: dict[str, tuple[keras.metrics.Metric, str | None]] | None,
@@ -189,8 +189,7 @@ def planned_step_logs(
     together: SummedTogether,
 ) -> _Finish:
     """`reduce_step_logs`, its sums queued in `together`: returns
-    `finish()`, the logs once `together` is all-reduced (a step's logs
-    riding on its gradients' collective)."""
+    `finish()`, the logs once `together` is all-reduced."""
     replicas = num_replicas()
     one_replica = replicas == 1
     results = results or {}
