@@ -334,15 +334,15 @@ def count_accumulation_collectives(strategy, steps=ACCUMULATION):
         model.fit(dataset, epochs=1, verbose=0)
         graph = model.train_function.graphs()[0].as_graph_def()
         replicas = strategy.num_replicas_in_sync
-        top_level = _reduces(graph.node, replicas)  # the logs' (and a plain step's)
+        # An accumulating step's logs; a plain step's one collective.
+        top_level = _reduces(graph.node, replicas)
         if options:
             branches = [_reduces(f.node_def, replicas) for f in graph.library.function]
             counts["accumulating step"], counts["updating step"] = sorted(
                 c for c in branches if c
             )
-            logs = top_level
         else:
-            counts["step without accumulation"] = top_level - logs
+            counts["step without accumulation"] = top_level
     return counts
 
 
@@ -439,8 +439,8 @@ def format_accumulation_counts(counts):
         f"={ACCUMULATION}): accumulating {counts['accumulating step']} (the "
         f"count), updating {counts['updating step']} (the count, then the "
         f"gradients), without accumulation {counts['step without accumulation']}"
-        " (gradients and count together); besides, the logs' one per call. "
-        "Gradient all-reduces per update: 1."
+        " (gradients, count and logs together); besides, an accumulating "
+        "step's logs take one per call. Gradient all-reduces per update: 1."
     )
 
 
