@@ -162,6 +162,13 @@ def only_if_real(value: _Value, examples: tf.Tensor) -> _Value:
     return tf.where(examples > 0, value, tf.zeros_like(value))
 
 
+def static_rows(tensor: tf.Tensor) -> int | None:
+    """The first dimension of `tensor` (its examples) where the trace knows
+    it, else `None`."""
+    shape = tf.TensorShape(tensor.shape)
+    return shape[0] if shape.rank else None
+
+
 def never_empty(examples: tf.Tensor) -> bool:
     """Whether `examples` is a constant above 0: this replica has examples
     in every batch the trace runs on."""

@@ -7,6 +7,7 @@ from keras import tree
 
 from keras_ctl import _keras
 from keras_ctl._replicas import num_replicas
+from keras_ctl._replicas import static_rows
 from keras_ctl._replicas import with_placeholder_rows
 
 
@@ -26,8 +27,7 @@ def pad_empty_batch(data: Any) -> tuple[Any, tf.Tensor]:
         `(data, batch_size)` where `batch_size` counts the real examples.
     """
     flat = [t for t in tree.flatten(data) if t is not None]
-    shape = tf.TensorShape(flat[0].shape)
-    static = shape[0] if shape.rank else None
+    static = static_rows(flat[0])
     if static:
         return data, tf.constant(static, tf.int32)
     batch_size = tf.shape(flat[0])[0]

@@ -32,6 +32,7 @@ from keras_ctl._engine.plan import StepPlan
 from keras_ctl._engine.state import EngineState
 from keras_ctl._keras.iterators import without_positions
 from keras_ctl._replicas import examples_before
+from keras_ctl._replicas import static_rows
 from keras_ctl.distribute import preemption
 from keras_ctl.distribute import topology
 
@@ -308,8 +309,7 @@ def _random_rows_as_one_device(
         yield
         return
     first = [t for t in tree.flatten(data) if t is not None][0]
-    shape = tf.TensorShape(first.shape)
-    static = shape[0] if shape.rank else None
+    static = static_rows(first)
     # A batch whose size the trace knows is never empty; an empty
     # replica's layers see one row, its placeholder.
     count = tf.constant(static) if static else tf.shape(first)[0]
