@@ -2,11 +2,11 @@
 
 For `CTLModel.fit`, `keras.Model.fit` and the TensorFlow tutorial's hand
 loop (`bench.loop_candidate`: a `tf.function` step called from a Python
-`for` over the distributed dataset), MLP 784-64-64-10 with an accuracy
-metric, Adam, global batch 64, `--steps-per-execution` (default 1: the
-hand loop has none), on `--replicas`
-local replicas (MirroredStrategy; 1: the default strategy). Each step's
-wall time is split, with two timers and no profiler, into:
+`for` over the distributed dataset), MLP 784-64-64-10 (`--model`: or
+`bench.py`'s CNN or transformer block) with an accuracy metric, Adam,
+global batch 64, `--steps-per-execution` (default 1: the hand loop has
+none), on `--replicas` local replicas (MirroredStrategy; 1: the default
+strategy). Each step's wall time is split, with two timers and no profiler, into:
 
 - graph: TensorFlow running the traced step (`execute.execute`, which
   every traced function call goes through): the arithmetic, the input
@@ -29,7 +29,7 @@ Linux's `VmHWM`) of 3 epochs after its first is reported: the median of 3
 processes.
 
     python benchmarks/per_step.py --replicas 2 [--rounds 9] [--steps 64]
-        [--steps-per-execution 1] [--memory] [--out FILE.json]
+        [--steps-per-execution 1] [--model mlp] [--memory] [--out FILE.json]
 """
 
 import argparse
@@ -67,7 +67,7 @@ class Timer:
         return timed
 
 
-def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
+def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1, model="mlp"):
     """`{name: run one epoch}` of `names`, each traced already; `call`
     times each step function's calls; `fit()` runs `spe` steps a call."""
     import bench
@@ -75,7 +75,8 @@ def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
 
     from keras_ctl.model import CTLModel
 
-    dataset = bench.make_data((784,), steps)
+    build, shape = bench.MODELS[model]
+    dataset = bench.make_data(shape, steps)
     made = {}
     for name, model_class in (
         ("CTLModel.fit", CTLModel),
@@ -83,7 +84,7 @@ def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
     ):
         if name not in names:
             continue
-        model = bench.compiled(model_class, bench.mlp, strategy, spe, xla=False)
+        model = bench.compiled(model_class, build, strategy, spe, xla=False)
         try:
             model.fit(dataset, epochs=1, verbose=0)  # traces
         except Exception as error:  # stock Keras fails at some spe
@@ -94,7 +95,7 @@ def make_candidates(strategy, steps, call, names=CANDIDATES, spe=1):
         made[name] = _epoch_of(model, dataset)
     if "hand loop" in names:
         made["hand loop"] = bench.loop_candidate(
-            bench.mlp, dataset, strategy, False, call.wrap
+            build, dataset, strategy, False, call.wrap
         )
     return made
 
@@ -106,7 +107,7 @@ def _epoch_of(model, dataset):
 PARTS = ("total", "graph", "opening", "call", "loop")
 
 
-def breakdown(strategy, steps, rounds, spe=1):
+def breakdown(strategy, steps, rounds, spe=1, model="mlp"):
     """`{candidate: {part: median µs per step}}`, the parts of `PARTS`, and
     the median per-round ratios of CTLModel.fit's speed to the others'."""
     import tensorflow as tf
@@ -125,7 +126,7 @@ def breakdown(strategy, steps, rounds, spe=1):
         dataset_class.__iter__ = opening.wrap(
             opening_in_call.wrap(dataset_class.__iter__)
         )
-    candidates = make_candidates(strategy, steps, call, spe=spe)
+    candidates = make_candidates(strategy, steps, call, spe=spe, model=model)
     parts = {name: {part: [] for part in PARTS} for name in candidates}
     for _ in range(rounds):
         for name, run_epoch in candidates.items():
@@ -195,6 +196,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--model", choices=("mlp", "cnn", "transformer_block"))
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--alone", choices=CANDIDATES, help=argparse.SUPPRESS)
     parser.add_argument("--out")
@@ -213,7 +215,11 @@ def main(argv=None):
         return 0
     result = {
         "per step (µs)": breakdown(
-            strategy, args.steps, args.rounds, args.steps_per_execution
+            strategy,
+            args.steps,
+            args.rounds,
+            args.steps_per_execution,
+            args.model or "mlp",
         )
     }
     if args.memory:

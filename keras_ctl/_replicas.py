@@ -170,8 +170,9 @@ def static_rows(tensor: tf.Tensor) -> int | None:
 
 
 def never_empty(examples: tf.Tensor) -> bool:
-    """Whether `examples` is a constant above 0: this replica has examples
-    in every batch the trace runs on."""
+    """Whether `examples` (a count, or a fraction of the global batch) is a
+    constant above 0: this replica has examples in every batch the trace
+    runs on."""
     static = tf.get_static_value(examples)
     return static is not None and static > 0
 
@@ -370,6 +371,8 @@ def weighed_by_fraction(value: Gradient, fraction: tf.Tensor) -> Gradient:
             value.dense_shape,
         )
     fraction = tf.cast(fraction, value.dtype)
+    if never_empty(fraction):
+        return value * fraction
     return tf.where(fraction > 0, value * fraction, tf.zeros_like(value))
 
 

@@ -2,7 +2,8 @@
 part of the batch, unless it declares itself written in shares as it runs
 (`keras_ctl.written_in_shares`; `_own_code`).
 
-    fraction = this replica's examples / the global batch's   # one collective
+    fraction = this replica's examples / the global batch's   # one collective,
+        # none where the trace knows every replica's batch size
     within read_as_batch_losses(fraction), watching replica arithmetic:
         outputs = the user's step(this replica's part)
     unless the step declared itself in shares:
@@ -32,6 +33,8 @@ from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
+from keras_ctl._replicas import static_rows
+from keras_ctl.distribute import topology
 
 # The log key that carries the replica's fraction from its step to the
 # reduction of the logs (`outputs.reduce_step_logs`), never logged.
@@ -60,10 +63,17 @@ def run_as_one_device(
 def fraction_of_global_batch(data: Any) -> tf.Tensor | None:
     """This replica's examples over the global batch's (float64, exact for
     any split), or `None` for data without a batch dimension. The examples
-    are the rows of the data's first tensor, whatever its structure."""
+    are the rows of the data's first tensor, whatever its structure.
+
+    A constant where the trace knows the rows every replica holds (the
+    element spec one machine's replicas share, `static_rows`): no
+    collective, and no guard for a replica without examples."""
     leaves = [t for t in tree.flatten(data) if tf.is_tensor(t) and t.shape.rank]
     if not leaves:
         return None
+    rows = static_rows(leaves[0])
+    if rows and not tf.executing_eagerly() and topology.of().workers == 1:
+        return tf.constant(rows / (rows * num_replicas()), tf.float64)
     local = tf.cast(tf.shape(leaves[0])[0], tf.float64)
     (fraction,), _ = global_shares([local], [local])
     return fraction

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from keras_ctl._keras.state import _in_step
 from keras_ctl._replicas import batch_fraction
+from keras_ctl._replicas import never_empty
 from keras_ctl._replicas import num_replicas
 
 
@@ -49,7 +50,8 @@ def weighed_by_batch(original):
             sample_weight = tf.cast(fraction, self.dtype)
             # A replica without examples adds nothing, not its 0/0's NaN.
             values = tf.cast(values, self.dtype)
-            values = tf.where(sample_weight > 0, values, tf.zeros_like(values))
+            if not never_empty(sample_weight):
+                values = tf.where(sample_weight > 0, values, tf.zeros_like(values))
         return original(self, values, sample_weight=sample_weight)
 
     return update_state

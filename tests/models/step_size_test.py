@@ -20,6 +20,7 @@ import devices
 import keras
 import pytest
 import step_size
+from keras_io import custom_train_step_guide
 
 import keras_ctl
 
@@ -75,3 +76,19 @@ def test_the_global_batch_is_gathered_in_one_all_gather():
     replicas = 2
     assert counts["CollectiveGatherV2"] == 2 * replicas, counts
     assert counts["CollectiveReduceV2"] == 3 * replicas, counts
+
+
+def test_a_step_of_ones_own_takes_no_collective_for_its_fraction():
+    # keras.io's step, on batches that split evenly: the fraction of the
+    # global batch each replica weighs its gradients by is known as the
+    # step is traced. Its `compute_loss` (valued as one device's loss),
+    # the gradients and its logs take one collective each.
+    model = step_size.trained(
+        "mlp",
+        custom_train_step_guide.custom_model(keras_ctl.CTLModel),
+        devices.get("mirrored"),
+    )
+    counts = step_size.op_counts(step_size.train_graph(model))
+    replicas = 2
+    assert counts["CollectiveReduceV2"] == 3 * replicas, counts
+    assert "CollectiveGatherV2" not in counts, counts
