@@ -151,9 +151,11 @@ def global_shares(
 def only_if_real(value: _Value, examples: tf.Tensor) -> _Value:
     """`value`, or zeros where this replica has no real `examples` (its
     placeholder's loss, count or gradient, NaN included); `None` stays.
-    Nothing is traced where the count is a constant above 0: a batch whose
-    size the trace knows (`padding.pad_empty_batch`)."""
-    if value is None or never_empty(examples):
+    Nothing is traced where the count is a constant above 0 (a batch whose
+    size the trace knows, `padding.pad_empty_batch`), nor on one replica,
+    which holds the whole batch: `keras.Model` does not guard an empty
+    batch of the user's either."""
+    if value is None or num_replicas() == 1 or never_empty(examples):
         return value
     if isinstance(value, tf.IndexedSlices):
         return tf.IndexedSlices(

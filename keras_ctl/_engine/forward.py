@@ -254,8 +254,11 @@ def exact_gradients(
         if is_keras_ctls(model, "compute_loss"):
             y_pred = model(x, training=True)
             terms = compiled_terms(model, y, y_pred, sample_weight, batch_size)
+        # One replica divides its loss once, as one device does, where the
+        # fold would divide each gradient.
         fold = (
             sum_gradients
+            and num_replicas() > 1
             and terms is not None
             and terms.foldable
             and not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)

@@ -154,7 +154,7 @@ def _rows_before(first):
         return tf.constant(0, tf.int32)
     if callable(offset):
         offset = offset()
-    if static_first is not None:
+    if static_first is not None or _static(offset) == 0:
         return offset
     return tf.where(tf.equal(tf.cast(first, rows.dtype), rows), offset, 0)
 

@@ -10,6 +10,8 @@ examples' numbers instead of every row up to them. Checked bit for bit
 against the wider draw, for each kind and dtype, in the tests.
 """
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -39,30 +41,40 @@ def rows_of(kind, shape, before, seed, dtype, **bounds):
     per_group = 2 if dtype.size == 8 else 4
     steps = max(1, _RESERVED_PER_ELEMENT.get(kind, 1) * per_group // 4)
     per_row = _product(dimensions[1:])
-    before = tf.cast(before, tf.int64)
+    static_before = tf.get_static_value(before)
+    # A Python int where the trace knows it: the arithmetic makes no op.
+    before = int(static_before) if static_before is not None else before
     rows = dimensions[0]
-    if isinstance(per_row, int) and per_row % per_group == 0:
-        # Rows start at a group: nothing drawn in front of them.
-        lead: int | tf.Tensor = 0
-        advance = before * (per_row // per_group * steps)
-    else:
-        start = before * per_row
-        lead, advance = start % per_group, start // per_group * steps
-    count = _product([rows, per_row])
-    if not isinstance(lead, int):
-        count = lead + count
+    static = all(isinstance(d, int) for d in dimensions)
     key, counter, alg = tf.raw_ops.StatelessRandomGetKeyCounterAlg(seed=seed)
-    drawn = _KERNELS[kind](
-        shape=[count] if isinstance(count, int) else tf.reshape(count, [1]),
+    kernel = functools.partial(
+        _KERNELS[kind],
         key=key,
-        counter=_advanced(counter, advance),
         alg=alg,
         **({"dtype": dtype} if kind != "uniform_int" else {}),
         **bounds,
     )
-    if not isinstance(lead, int):
+    if isinstance(per_row, int) and per_row % per_group == 0:
+        # Rows start at a group: nothing drawn in front of them, and the
+        # draw in their shape is the flat draw's numbers in row-major order.
+        advance = _times(before, per_row // per_group * steps)
+        return kernel(
+            shape=dimensions if static else tf.stack(dimensions),
+            counter=_advanced(counter, advance),
+        )
+    # The rows start inside a group: its numbers in front of them are drawn
+    # and dropped.
+    if not isinstance(before, int):
+        before = tf.cast(before, tf.int64)
+    start = before * per_row
+    lead, advance = start % per_group, start // per_group * steps
+    count = lead + _product([rows, per_row])
+    drawn = kernel(
+        shape=[count] if isinstance(count, int) else tf.reshape(count, [1]),
+        counter=_advanced(counter, advance),
+    )
+    if not isinstance(lead, int) or lead:
         drawn = drawn[lead:]
-    static = all(isinstance(d, int) for d in dimensions)
     return tf.reshape(drawn, dimensions if static else tf.stack(dimensions))
 
 
@@ -93,8 +105,22 @@ def _product(dimensions):
     return product
 
 
+def _times(count, factor):
+    """`count x factor` (counter steps): a Python int where `count` is,
+    else a uint64 tensor."""
+    if isinstance(count, int):
+        return count * factor
+    steps = tf.cast(count, tf.uint64)
+    return steps if factor == 1 else steps * tf.constant(factor, tf.uint64)
+
+
 def _advanced(counter, steps):
     """The 128-bit Philox `counter` (two uint64, low first) plus `steps`."""
-    low = counter[0] + tf.cast(steps, tf.uint64)
-    carry = tf.cast(low < counter[0], tf.uint64)
-    return tf.stack([low, counter[1] + carry])
+    if isinstance(steps, int) and steps == 0:
+        return counter
+    low, high = tf.unstack(counter, num=2)
+    if isinstance(steps, int):
+        steps = tf.constant(steps, tf.uint64)
+    advanced = low + tf.cast(steps, tf.uint64)
+    carry = tf.cast(advanced < low, tf.uint64)
+    return tf.stack([advanced, high + carry])

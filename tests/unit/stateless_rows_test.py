@@ -47,21 +47,24 @@ def one_device(name, row, dtype, kwargs):
 SHARES = [(1, 3), (2, 5), (4, 3), (6, 1)]
 
 
-def replicas_rows(name, row, dtype, kwargs, static):
+def replicas_rows(name, row, dtype, kwargs, static, offset_known=True):
     """Each share's rows, drawn by the replaced function in a step drawing
-    as one device (`static`: the batch size is known before it runs), and
-    the graph's op types."""
+    as one device (`static`: the batch size is known before it runs;
+    `offset_known`: the rows before it are), and the graph's op types."""
     replaced = {
         "dropout": random_seam.dropout_as_one_device,
     }.get(name, random_seam.shaped_as_one_device)(getattr(BACKEND, name))
 
     seeds = [keras.random.SeedGenerator(SEED) for _ in SHARES]
 
-    def step(*batches):
+    def step(befores, *batches):
         drawn = []
-        for (before, rows), batch, seed in zip(SHARES, batches, seeds):
+        for index, ((before, rows), batch, seed) in enumerate(
+            zip(SHARES, batches, seeds)
+        ):
+            offset = tf.constant(before) if offset_known else befores[index]
             with random_seam.draw_rows_as_one_device(
-                tf.shape(batch)[0], tf.constant(before), rows if static else None
+                tf.shape(batch)[0], offset, rows if static else None
             ):
                 if name == "dropout":
                     inputs = tf.ones_like(batch, dtype)
@@ -71,12 +74,16 @@ def replicas_rows(name, row, dtype, kwargs, static):
                     drawn.append(replaced(shape, dtype=dtype, seed=seed, **kwargs))
         return drawn
 
-    signature = [tf.TensorSpec((rows if static else None, *row)) for _, rows in SHARES]
+    signature = [tf.TensorSpec((len(SHARES),), tf.int32)] + [
+        tf.TensorSpec((rows if static else None, *row)) for _, rows in SHARES
+    ]
     traced = tf.function(step, input_signature=signature).get_concrete_function()
-    drawn = traced(*[tf.zeros((rows, *row)) for _, rows in SHARES])
+    befores = tf.constant([before for before, _ in SHARES])
+    drawn = traced(befores, *[tf.zeros((rows, *row)) for _, rows in SHARES])
     return drawn, {op.type for op in traced.graph.get_operations()}
 
 
+@pytest.mark.parametrize("offset_known", [True, False], ids=["at_known", "at_read"])
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
 @pytest.mark.parametrize(
     "name, row, dtype, kwargs",
@@ -84,10 +91,10 @@ def replicas_rows(name, row, dtype, kwargs, static):
     ids=lambda value: str(value) if not isinstance(value, dict) else "",
 )
 def test_a_replicas_rows_drawn_alone_are_the_global_draws_rows(
-    name, row, dtype, kwargs, static
+    name, row, dtype, kwargs, static, offset_known
 ):
     expected = np.asarray(one_device(name, row, dtype, kwargs))
-    drawn, op_types = replicas_rows(name, row, dtype, kwargs, static)
+    drawn, op_types = replicas_rows(name, row, dtype, kwargs, static, offset_known)
     # Drawn alone: the counter is advanced, not the draw widened.
     assert "StatelessRandomGetKeyCounterAlg" in op_types
     for (before, rows), share in zip(SHARES, drawn):
