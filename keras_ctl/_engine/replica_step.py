@@ -333,21 +333,23 @@ def _first_position(positions: tf.Tensor, never_empty: bool) -> tf.Tensor:
 
 def _even_offset(rows: int | None, numbered: bool) -> int | None:
     """Where this replica's examples start in the global batch, where the
-    trace knows it (else `None`): the first replica's start at 0, whatever
-    the split; where every replica holds `rows` examples (the element spec
-    all replicas share), the replicas before this one hold `rows` each.
-    Not in an eager step, whose shapes are each replica's own (3 and 2
-    examples). Batches `fit()` numbered (`numbered`) are split in replica
-    order on one machine only: workers may shard their examples apart."""
+    trace knows it (else `None`): where every replica holds `rows` examples
+    (the element spec all replicas share), the replicas before this one
+    hold `rows` each; in batches `fit()` numbered (`numbered`), the first
+    replica's start at 0 whatever the split (without numbers, the others
+    ask every replica, which must join that collective). Not in an eager
+    step, whose shapes are each replica's own (3 and 2 examples). Numbered
+    batches are split in replica order on one machine only: workers may
+    shard their examples apart."""
     if tf.executing_eagerly():
         return None
     context = tf.distribute.get_replica_context()
     replica = tf.get_static_value(context.replica_id_in_sync_group)
     if replica is None or (numbered and topology.of().workers > 1):
         return None
-    if replica == 0:
-        return 0
-    return int(replica) * rows if rows else None
+    if rows:
+        return int(replica) * rows
+    return 0 if replica == 0 and numbered else None
 
 
 def optionals_to_none(data: Any) -> Any:
