@@ -98,6 +98,10 @@ def options():
     ]
 
 
+# Options keras.Model has too, priced on it the same way.
+KERAS_HAS = ("gradient accumulation", "clipping")
+
+
 def sizes_table(strategies, rows):
     import step_size
 
@@ -128,24 +132,35 @@ def options_table(strategy, rows):
     import step_size
 
     lines = [
-        "| option | ops with / without (added) | collectives with / without |",
-        "|---|---|---|",
+        "| option | ops with / without (added) | collectives with / without | "
+        "keras.Model, ops with / without (added) | keras.Model, collectives |",
+        "|---|---|---|---|---|",
     ]
-    for option, (with_class, with_options), without in options():
-        name = "mlp_dropout" if "Dropout" in option else "mlp"
-        if without is None:
-            without = (own_step(keras.Model), {})
+
+    def priced(name, with_, without):
         found = []
-        for model_class, trained_options in ((with_class, with_options), without):
+        for model_class, trained_options in (with_, without):
             model = step_size.trained(
                 name, model_class, strategy, rows, **trained_options
             )
             found.append(step_size.size_of(model))
         (ops, collectives), (base_ops, base_collectives) = found
-        lines.append(
-            f"| {option} | {ops} / {base_ops} ({ops - base_ops:+d}) | "
-            f"{collectives} / {base_collectives} |"
+        return (
+            f"{ops} / {base_ops} ({ops - base_ops:+d}) | "
+            f"{collectives} / {base_collectives}"
         )
+
+    for option, with_, without in options():
+        name = "mlp_dropout" if "Dropout" in option else "mlp"
+        if without is None:
+            without = (own_step(keras.Model), {})
+        keras_price = "- | -"
+        if option.startswith(KERAS_HAS):
+            try:
+                keras_price = priced(name, (keras.Model, with_[1]), (keras.Model, {}))
+            except Exception as error:  # stock Keras fails in some settings
+                keras_price = f"fails ({type(error).__name__}) | -"
+        lines.append(f"| {option} | {priced(name, with_, without)} | {keras_price} |")
     return "\n".join(lines)
 
 

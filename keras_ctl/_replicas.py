@@ -171,6 +171,18 @@ def static_rows(tensor: tf.Tensor) -> int | None:
     return shape[0] if shape.rank else None
 
 
+def known_global_count(local: tf.Tensor | int) -> int | None:
+    """The global batch's number of examples where the trace knows it, else
+    `None` (it is all-reduced): `local`, this replica's, a constant (a
+    batch of static size) that every replica shares (the element spec one
+    machine's replicas trace with). Not in an eager step, whose shapes are
+    each replica's own (3 and 2 examples)."""
+    static = tf.get_static_value(local)
+    if static is None or tf.executing_eagerly() or topology.of().workers > 1:
+        return None
+    return int(static) * num_replicas()
+
+
 def never_empty(examples: tf.Tensor) -> bool:
     """Whether `examples` (a count, or a fraction of the global batch) is a
     constant above 0: this replica has examples in every batch the trace

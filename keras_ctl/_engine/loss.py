@@ -22,6 +22,7 @@ from keras import tree
 from keras_ctl import _checks
 from keras_ctl import _keras
 from keras_ctl._replicas import global_shares
+from keras_ctl._replicas import known_global_count
 from keras_ctl._replicas import only_if_real
 
 
@@ -200,7 +201,11 @@ def loss_terms(
 def count_only_shares(batch_size: tf.Tensor, dtype: tf.DType | str) -> LossShares:
     """Returns `LossShares` with only the batch sizes (no compiled loss)."""
     local = tf.cast(batch_size, dtype)
-    _, (global_batch,) = global_shares([], [local])
+    known = known_global_count(batch_size)
+    if known is None:
+        _, (global_batch,) = global_shares([], [local])
+    else:
+        global_batch = tf.constant(known, dtype)
     return LossShares(tf.zeros((), dtype), [], global_batch, local)
 
 

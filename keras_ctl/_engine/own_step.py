@@ -31,10 +31,10 @@ from keras import tree
 from keras_ctl import _keras
 from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import global_shares
+from keras_ctl._replicas import known_global_count
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import read_as_batch_losses
 from keras_ctl._replicas import static_rows
-from keras_ctl.distribute import topology
 
 # The log key that carries the replica's fraction from its step to the
 # reduction of the logs (`outputs.reduce_step_logs`), never logged.
@@ -65,15 +65,16 @@ def fraction_of_global_batch(data: Any) -> tf.Tensor | None:
     any split), or `None` for data without a batch dimension. The examples
     are the rows of the data's first tensor, whatever its structure.
 
-    A constant where the trace knows the rows every replica holds (the
-    element spec one machine's replicas share, `static_rows`): no
-    collective, and no guard for a replica without examples."""
+    Known as the step is traced where every replica's rows are
+    (`known_global_count`): no collective, and no guard for a replica
+    without examples."""
     leaves = [t for t in tree.flatten(data) if tf.is_tensor(t) and t.shape.rank]
     if not leaves:
         return None
     rows = static_rows(leaves[0])
-    if rows and not tf.executing_eagerly() and topology.of().workers == 1:
-        return tf.constant(rows / (rows * num_replicas()), tf.float64)
+    known = known_global_count(rows) if rows else None
+    if rows and known:
+        return tf.constant(rows / known, tf.float64)
     local = tf.cast(tf.shape(leaves[0])[0], tf.float64)
     (fraction,), _ = global_shares([local], [local])
     return fraction

@@ -81,8 +81,8 @@ def test_the_global_batch_is_gathered_in_one_all_gather():
     # x (float32), y (int64, as the predictions' bits) and y_pred in one
     # all-gather: TensorFlow's of uneven rows is 2 collectives (the sizes,
     # the rows) a replica, where one a tensor took 6. Then a reduction for
-    # the gathered rows' gradients, the count, and the gradients with the
-    # logs.
+    # the gathered rows' gradients and one for the gradients with the logs;
+    # the count is known as the step is traced.
     model = step_size.trained(
         "mlp",
         OwnMeanLoss,
@@ -92,7 +92,17 @@ def test_the_global_batch_is_gathered_in_one_all_gather():
     counts = step_size.op_counts(step_size.train_graph(model))
     replicas = 2
     assert counts["CollectiveGatherV2"] == 2 * replicas, counts
-    assert counts["CollectiveReduceV2"] == 3 * replicas, counts
+    assert counts["CollectiveReduceV2"] == 2 * replicas, counts
+
+
+def test_a_compute_loss_of_ones_own_takes_the_gradients_collective_only():
+    # Read as one device's loss on each replica's part, weighed by the
+    # part's fraction of the global batch, which the trace knows: one
+    # collective a replica, as keras.Model's default step.
+    model = step_size.trained("mlp", OwnMeanLoss, devices.get("mirrored"))
+    counts = step_size.op_counts(step_size.train_graph(model))
+    assert counts["CollectiveReduceV2"] == 2, counts
+    assert "CollectiveGatherV2" not in counts, counts
 
 
 def test_a_step_of_ones_own_takes_no_collective_for_its_fraction():
