@@ -89,19 +89,8 @@ def cnn(model_class):
     return model_class(inputs, keras.layers.Dense(10)(x))
 
 
-def transformer_block(model_class):
-    """One transformer block (attention of 4 heads of 16, a feed-forward
-    of 128) on 16 tokens of 64 features, as `tests/support/step_size.py`."""
-    inputs = keras.Input((16, 64))
-    attended = keras.layers.MultiHeadAttention(4, 16)(inputs, inputs)
-    x = keras.layers.LayerNormalization()(inputs + attended)
-    forward = keras.layers.Dense(128, activation="relu")(x)
-    x = keras.layers.LayerNormalization()(x + keras.layers.Dense(64)(forward))
-    x = keras.layers.GlobalAveragePooling1D()(x)
-    return model_class(inputs, keras.layers.Dense(10)(x))
-
-
 mlp = models.guide_mlp
+transformer_block = models.transformer_block
 MODELS = {
     "mlp": (mlp, (784,)),
     "cnn": (cnn, (28, 28, 1)),

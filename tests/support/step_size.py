@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 import keras_ctl
+from keras_ctl.demos import models
 
 MODELS = ("mlp", "cnn", "transformer_block", "mlp_dropout")
 COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveAllToAllV2")
@@ -27,12 +28,8 @@ def _layers(name):
         h = keras.layers.GlobalAveragePooling2D()(h)
         h = keras.layers.Dense(64, activation="relu")(h)
     elif name == "transformer_block":
-        inputs = keras.Input((16, 64))
-        attended = keras.layers.MultiHeadAttention(4, 16)(inputs, inputs)
-        h = keras.layers.LayerNormalization()(inputs + attended)
-        forward = keras.layers.Dense(128, activation="relu")(h)
-        h = keras.layers.LayerNormalization()(h + keras.layers.Dense(64)(forward))
-        h = keras.layers.GlobalAveragePooling1D()(h)
+        block = models.transformer_block(keras.Model)
+        return block.inputs[0], block.outputs[0]
     else:
         inputs = keras.Input((784,))
         h = keras.layers.Dense(64, activation="relu")(inputs)
