@@ -637,21 +637,14 @@ def _unstacked(vector: tf.Tensor, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
 
 def with_placeholder_rows(tensor: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:
     """`tensor` with `missing` (0 or 1) placeholder rows of zeros appended:
-    what a replica without examples computes on."""
-    rank = tensor.shape.rank
-    numeric = tensor.dtype.is_floating or tensor.dtype.is_integer
-    if rank is None or not numeric:
-        zeros = tf.zeros(tf.concat([[missing], tf.shape(tensor)[1:]], 0), tensor.dtype)
-        return tf.concat([tensor, zeros], axis=0)
-    # Paddings `[[0, missing], [0, 0], ...]`: one op besides the pad.
-    paddings = tf.constant([[0, 1]] + [[0, 0]] * (rank - 1), tf.int32) * missing
-    padded = tf.pad(tensor, paddings)
-    if not tf.executing_eagerly():
-        # A pad by computed amounts leaves every size unknown: the sizes
-        # the concatenation of a placeholder row would keep.
-        rows = tensor.shape[0]
-        padded.set_shape([1 if rows == 0 else rows, *tensor.shape[1:]])
-    return padded
+    what a replica without examples computes on.
+
+    A concatenation, not `tf.pad`: TensorFlow's oneDNN graph rewrite folds a
+    `Pad` into the convolution it feeds as spatial padding, and a padded
+    batch dimension is then lost (the convolution sees the empty batch).
+    """
+    rows = tf.concat([[missing], tf.shape(tensor)[1:]], 0)
+    return tf.concat([tensor, tf.zeros(rows, tensor.dtype)], axis=0)
 
 
 def _dense_dtype(gradients: Sequence[Gradient]) -> tf.DType:
