@@ -7,8 +7,8 @@ Keras moves a name, the lookup raises `KerasInternalMissing`, which names
 it, the installed Keras and the versions keras_ctl was checked on, instead
 of an `ImportError` at import or an `AttributeError` deep in a step.
 
-Known moves are in `MOVED`: Keras 3.16 moved the TensorFlow backend's
-`nn`, `numpy` and `core` into `backend/tensorflow/ops/`.
+Known moves are in `MOVED`: Keras 3.16 moved the TensorFlow backend's op
+modules (`nn`, `numpy`, `core`, `image`, ...) into `backend/tensorflow/ops/`.
 """
 
 import ast
@@ -17,15 +17,12 @@ import pathlib
 
 import keras
 
-# The Keras versions the seam was read against and tested on.
-CHECKED_ON = "3.12.0, 3.15.1 and 3.16.0.dev2026102704"
+# The Keras versions the seam was read against and the fast tier passed on
+# (`.ci/compat`).
+CHECKED_ON = ("3.12.0", "3.15.1", "3.16.0.dev2026102704")
 
-# An old path -> where a later Keras keeps it.
-MOVED = {
-    "keras.src.backend.tensorflow.nn": "keras.src.backend.tensorflow.ops.nn",
-    "keras.src.backend.tensorflow.numpy": "keras.src.backend.tensorflow.ops.numpy",
-    "keras.src.backend.tensorflow.core": "keras.src.backend.tensorflow.ops.core",
-}
+# The package of an old path -> where a later Keras keeps its modules.
+MOVED = {"keras.src.backend.tensorflow": "keras.src.backend.tensorflow.ops"}
 
 
 _REQUIRED = object()
@@ -38,16 +35,27 @@ class KerasInternalMissing(ImportError):
         super().__init__(
             f"keras_ctl needs `{name}`, a private name of Keras or TensorFlow "
             f"that is missing in the installed Keras {keras.__version__} "
-            f"(keras_ctl was checked on Keras {CHECKED_ON}). Install a Keras "
+            f"({_checked_on(keras.__version__)}). Install a Keras "
             "that keras_ctl supports (see its `pip show keras-ctl` requirements) "
             "or a keras_ctl release made for this Keras."
         )
         self.name = name
 
 
+def _checked_on(installed):
+    """What the error says of the versions checked, given the `installed`
+    one: a checked version that lacks a name is not the copy checked."""
+    others = [v for v in CHECKED_ON if v != installed]
+    checked = f"keras_ctl was checked on Keras {', '.join(others)}"
+    if installed in CHECKED_ON:
+        return f"{checked}, and on a copy of {installed} that had it"
+    return checked
+
+
 def module(path):
     """The module at `path`, or where a later Keras moved it (`MOVED`)."""
-    for candidate in (path, MOVED.get(path)):
+    package, _, leaf = path.rpartition(".")
+    for candidate in (path, f"{MOVED[package]}.{leaf}" if package in MOVED else None):
         if candidate is None:
             continue
         try:

@@ -423,7 +423,8 @@ def image_draw_refused_as_one_device(original):
     TensorFlow's own random ops, for a batch whose size it reads from the
     static shape (1 when unknown), which no replica can make one device's
     (`keras.layers.RandomElasticTransform`). Replaces
-    `keras.src.backend.tensorflow.image.elastic_transform`."""
+    `keras.src.backend.tensorflow.image.elastic_transform`, or, in a Keras
+    without it, the layer's `transform_images`."""
 
     def elastic_transform(*args, **kwargs):
         if getattr(_in_step, "random_rows", None) is None:

@@ -39,13 +39,31 @@ class Replacement(NamedTuple):
     """`owner().name` replaced by `make(original)` while keras_ctl runs.
 
     `owner` returns the module or class (or `None` where this Keras has
-    none); `why` says why no public hook carries the change.
+    none); `why` says why no public hook carries the change. A row that
+    one feature needs names a public `fallback`, `(owner, name)`: where
+    this Keras lacks the private owner, `make` wraps the fallback instead,
+    so the feature's users are still caught, by the public class that
+    calls the private one, and nothing else of keras_ctl depends on the
+    private name.
     """
 
     owner: Callable[[], object]
     name: str
     make: Callable[[object], object]
     why: str
+    fallback: tuple[Callable[[], object], str] | None = None
+
+
+def _where(replacement: Replacement) -> tuple[object, str]:
+    """`(owner, name)` the row replaces in this Keras: its own, else its
+    fallback's where Keras lacks the private owner."""
+    try:
+        return replacement.owner(), replacement.name
+    except names.KerasInternalMissing:
+        if replacement.fallback is None:
+            raise
+        owner, name = replacement.fallback
+        return owner(), name
 
 
 def _tf_nn():
@@ -185,6 +203,10 @@ REPLACEMENTS = (
         "elastic_transform",
         random.image_draw_refused_as_one_device,
         "it draws with TensorFlow's own random ops, which no Keras hook reaches",
+        fallback=(
+            lambda: getattr(keras.layers, "RandomElasticTransform", None),
+            "transform_images",
+        ),
     ),
     Replacement(
         _tf_random,
@@ -299,7 +321,7 @@ def keep_sharded_reads():
             return
         for replacement in REPLACEMENTS:
             if replacement.name in SHARDED_READS:
-                _kept.append(_put_in_place(replacement))
+                _kept.append(_put_in_place(replacement, *_where(replacement)))
 
 
 @contextlib.contextmanager
@@ -324,13 +346,13 @@ def in_effect():
 def _install():
     try:
         for replacement in REPLACEMENTS:
-            owner = replacement.owner()
+            owner, name = _where(replacement)
             if owner is None:
                 continue
-            current = getattr(owner, replacement.name)
+            current = getattr(owner, name)
             if any(current is new for *_, new in _installed + _kept):
                 continue  # inherited from a class replaced already, or kept
-            _installed.append(_put_in_place(replacement))
+            _installed.append(_put_in_place(replacement, owner, name))
     except BaseException:
         _restore()
         raise
@@ -342,8 +364,7 @@ def _install():
 _made: dict[tuple[Replacement, int], tuple[object, object]] = {}
 
 
-def _put_in_place(replacement):
-    owner, name = replacement.owner(), replacement.name
+def _put_in_place(replacement, owner, name):
     own = vars(owner).get(name, _ABSENT)
     current = getattr(owner, name)
     key = (replacement, id(current))
@@ -367,7 +388,7 @@ def _restore():
 
 def replaced():
     """`[(owner, name)]` of every attribute the table replaces in this Keras."""
-    return [(owner, r.name) for r in REPLACEMENTS if (owner := r.owner()) is not None]
+    return [where for r in REPLACEMENTS if (where := _where(r))[0] is not None]
 
 
 @contextlib.contextmanager

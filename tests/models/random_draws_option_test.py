@@ -7,6 +7,7 @@ import warnings
 
 import devices
 import keras
+import numpy as np
 import pytest
 import random_draws
 
@@ -131,3 +132,34 @@ def test_a_layer_the_step_builds_seeds_its_dropout_as_on_one_device():
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(loss, expected_loss, rtol=1e-9)
+
+
+@pytest.mark.parametrize("private_function", ["kept", "missing"])
+def test_an_elastic_transform_is_refused_by_name_on_any_keras(
+    private_function, monkeypatch
+):
+    # "missing": a Keras without the backend's `elastic_transform`, whose
+    # row then wraps the public layer's `transform_images`.
+    from keras_ctl._keras import names
+    from keras_ctl._keras import replacements
+
+    if private_function == "missing":
+        rows = [
+            r._replace(owner=lambda: names.module("keras.src.no_such_image"))
+            if r.fallback
+            else r
+            for r in replacements.REPLACEMENTS
+        ]
+        monkeypatch.setattr(replacements, "REPLACEMENTS", tuple(rows))
+    layer = keras.layers.RandomElasticTransform
+    own = layer.transform_images
+    with devices.get("mirrored").scope():
+        inputs = keras.Input((8, 8, 1))
+        h = layer(factor=1.0, scale=1.0, seed=1)(inputs)
+        outputs = keras.layers.Dense(1)(keras.layers.Flatten()(h))
+        model = keras_ctl.CTLModel(inputs, outputs)
+        model.compile(optimizer="sgd", loss="mse")
+    x = np.zeros((16, 8, 8, 1), "float32")
+    with pytest.raises(ValueError, match="RandomElasticTransform`'s displacement"):
+        model.fit(x, x[:, 0, 0], batch_size=8, epochs=1, verbose=0)
+    assert layer.transform_images is own
