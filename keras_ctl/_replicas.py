@@ -643,8 +643,12 @@ def with_placeholder_rows(tensor: tf.Tensor, missing: tf.Tensor) -> tf.Tensor:
     `Pad` into the convolution it feeds as spatial padding, and a padded
     batch dimension is then lost (the convolution sees the empty batch).
     """
-    rows = tf.concat([[missing], tf.shape(tensor)[1:]], 0)
-    return tf.concat([tensor, tf.zeros(rows, tensor.dtype)], axis=0)
+    inner = tensor.shape[1:]
+    if inner.is_fully_defined():
+        shape = tf.stack([missing, *inner.as_list()])
+    else:
+        shape = tf.concat([[missing], tf.shape(tensor)[1:]], 0)
+    return tf.concat([tensor, tf.zeros(shape, tensor.dtype)], axis=0)
 
 
 def _dense_dtype(gradients: Sequence[Gradient]) -> tf.DType:

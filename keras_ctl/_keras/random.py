@@ -442,6 +442,29 @@ def image_draw_refused_as_one_device(original):
     return elastic_transform
 
 
+def batch_mixing_refused_as_one_device(original):
+    """`keras.layers.Mosaic` (Keras 3.16) is refused in a replica step
+    drawing as one device: it picks each example's other tiles among the
+    batch's rows (a `randint` up to the batch's size), which a replica
+    cannot draw from the global batch. Replaces its
+    `get_random_transformation`."""
+
+    def get_random_transformation(self, data, training=True, seed=None):
+        if getattr(_in_step, "random_rows", None) is None or not training:
+            return original(self, data, training=training, seed=seed)
+        raise ValueError(
+            'compile(random_draws="as_one_device") cannot draw '
+            f"`keras.layers.{type(self).__name__}`'s tiles as one device. "
+            "Received: the layer in the training step, which picks each "
+            "example's tiles among the batch's rows: a replica holds only "
+            "its part of the batch. Apply it in the input pipeline "
+            "(`dataset.map` on batches) instead, or compile with "
+            'random_draws="per_replica" to mix each replica\'s own rows.'
+        )
+
+    return get_random_transformation
+
+
 _SHUFFLE_REFUSED = (
     'compile(random_draws="as_one_device") cannot shuffle the '
     "replica's rows as one device does. Received: `keras.random.shuffle` of "

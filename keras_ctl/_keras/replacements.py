@@ -209,6 +209,13 @@ REPLACEMENTS = (
         ),
     ),
     Replacement(
+        lambda: getattr(keras.layers, "Mosaic", None),  # >= 3.16
+        "get_random_transformation",
+        random.batch_mixing_refused_as_one_device,
+        "it indexes the batch with a draw bounded by the batch's size, which "
+        "no draw of a replica's rows can make one device's",
+    ),
+    Replacement(
         _tf_random,
         "shuffle",
         random.shuffle_refused_as_one_device,

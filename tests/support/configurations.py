@@ -70,6 +70,15 @@ RANDOM_KINDS = ("mlp", "conv", "two_outputs")
 # `call()`. CTLModel then compiles with `batch_statistics="global"`.
 STATE_LAYERS = ("none", "none", "none", "position_table", "batch_norm", "ema")
 STATE_KINDS = ("mlp", "conv")
+# The dtype Keras computes in: float64 tells logic from round-off; float32
+# runs TensorFlow's oneDNN kernels and graph rewrites, which float64 never
+# reaches (a `Pad` folded into a convolution lost an empty replica's
+# placeholder row in float32 only).
+FLOATX = ("float64", "float64", "float32")
+# Kinds whose model is a chain of layers: a step of one's own can call them
+# one by one (`"calls": "layers"`), and their hidden layers can be a nested
+# encoder model (`"nested"`). Inputs of rank 2, 3 and 4 among them.
+CHAIN_KINDS = ("mlp", "conv", "masked_embedding", "rnn")
 
 
 def draw(seed):
@@ -117,6 +126,34 @@ def draw(seed):
     state = pick(STATE_LAYERS)
     if kind in STATE_KINDS and (kind == "mlp" or state != "position_table"):
         config["state"] = state
+    # Drawn last, for the same reason.
+    config["floatx"] = pick(FLOATX)
+    if kind in CHAIN_KINDS:
+        config["nested"] = bool(rng.integers(3) == 0)
+        if config["override"] == "keras_io_steps":
+            config["calls"] = pick(("model", "layers"))
+    return config
+
+
+def with_axes(seed, **axes):
+    """The configuration of `seed` with `axes` set (say, `kind="conv"` and
+    `size=17`): the other keys drawn as `draw` draws them."""
+    config = draw(seed)
+    config.update(axes)
+    if config["kind"] not in CHAIN_KINDS:
+        config.pop("nested", None)
+        config.pop("calls", None)
+    if config["override"] != "keras_io_steps":
+        config.pop("calls", None)
+    if config["kind"] not in RANDOM_KINDS:
+        config["random"] = "none"
+    if config["kind"] not in STATE_KINDS or config["kind"] == "conv":
+        if config.get("state") == "position_table":
+            config["state"] = "none"
+    if config["kind"] == "two_outputs":
+        config["task"] = "regression"
+        if config["loss"] not in REGRESSION_LOSSES:
+            config["loss"] = "mse"
     return config
 
 
@@ -126,12 +163,21 @@ def describe(config):
     return json.dumps(config, sort_keys=True)
 
 
-def _overridden(model_class, override):
+def _overridden(model_class, override, calls="model"):
     """`model_class` with `override` (one of `OVERRIDES`): only the methods
     that override names, written the same way for `keras.Model` and
-    `CTLModel`."""
+    `CTLModel`. A step of one's own calls the model, or its layers one by
+    one (`calls="layers"`, as NNCLR calls its encoder and head)."""
     if override == "none":
         return model_class
+
+    def forward(self, x, training):
+        if calls == "model":
+            return self(x, training=training)
+        for layer in self.layers:
+            if not isinstance(layer, keras.layers.InputLayer):
+                x = layer(x, training=training)
+        return x
 
     def compile(self, *args, **kwargs):
         model_class.compile(self, *args, **kwargs)
@@ -171,7 +217,7 @@ def _overridden(model_class, override):
     def own_train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
+            y_pred = forward(self, x, training=True)
             loss = self.compute_loss(x, y, y_pred, sample_weight)
         gradients = tape.gradient(loss, self.trainable_variables)
         self.optimizer.apply(gradients, self.trainable_variables)
@@ -179,7 +225,7 @@ def _overridden(model_class, override):
 
     def own_test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self(x, training=False)
+        y_pred = forward(self, x, training=False)
         loss = self.compute_loss(x, y, y_pred, sample_weight, training=False)
         return keras_io_metrics(self, y, y_pred, sample_weight, loss)
 
@@ -210,7 +256,9 @@ def _overridden(model_class, override):
 
 
 def _model(config, model_class):
-    model_class = _overridden(model_class, config.get("override", "none"))
+    model_class = _overridden(
+        model_class, config.get("override", "none"), config.get("calls", "model")
+    )
     kind = config["kind"]
     units = 1 if config["task"] == "regression" else CLASSES
     init = keras.initializers.GlorotUniform(seed=config["seed"])
@@ -243,6 +291,12 @@ def _model(config, model_class):
         h = dense(6, activation="tanh", kernel_regularizer=keras.regularizers.l2(1e-3))(
             inputs
         )
+    if config.get("nested"):
+        # The layers so far as an encoder model of their own, called by the
+        # model (a backbone, a tower).
+        encoder = keras.Model(inputs, h, name="encoder")
+        inputs = keras.Input(inputs.shape[1:], dtype=inputs.dtype)
+        h = encoder(inputs)
     h = _state_layer(config.get("state", "none"))(h)
     h = _random_layer(config.get("random", "none"))(h)
     if kind == "two_outputs":
@@ -444,9 +498,10 @@ def computing_in(dtype):
         keras.config.set_dtype_policy(previous[1])
 
 
-def run(config, model_class, strategy=None, floatx="float64"):
-    """Trains `config`; returns `{"weights", "predict", "history", "evaluate"}`."""
-    with computing_in(floatx):
+def run(config, model_class, strategy=None, floatx=None):
+    """Trains `config` in `floatx` (defaults to the configuration's own);
+    returns `{"weights", "predict", "history", "evaluate"}`."""
+    with computing_in(floatx or config.get("floatx", "float64")):
         return _run(config, model_class, strategy or tf.distribute.get_strategy())
 
 
@@ -485,7 +540,9 @@ def _run(config, model_class, strategy):
         class_weight = {c: 0.5 + 0.25 * c for c in range(CLASSES)}
     validation = None
     if config["validation"]:
-        validation = (x[: n // 2], _head(y, n // 2))
+        # Half the data and one example: 17 and 33 leave the last
+        # validation batch one example, and replicas without any.
+        validation = (x[: n // 2 + 1], _head(y, n // 2 + 1))
     if config["dataset"]:
         parts = (x, y) if sample_weight is None else (x, y, sample_weight)
         data = tf.data.Dataset.from_tensor_slices(parts).batch(BATCH)
@@ -576,10 +633,12 @@ def _mask_count_has_epsilon():
     return "epsilon" in inspect.getsource(loss.apply_mask)
 
 
-def check(config, strategy=None, floatx="float64", tolerance=None, expected=None):
+def check(config, strategy=None, floatx=None, tolerance=None, expected=None):
     """Compares `config` under `strategy` with `keras.Model` on one device
-    (`expected`, when already run); returns `(passed, differences)`."""
-    tolerance = tolerance or {"float64": 1e-9, "float32": 1e-5}[floatx]
+    (`expected`, when already run), in `floatx` (defaults to the
+    configuration's own); returns `(passed, differences)`."""
+    floatx = floatx or config.get("floatx", "float64")
+    tolerance = tolerance or tolerance_of(floatx, strategy)
     if config["loss"] == "sparse_ce_ignore" and _mask_count_has_epsilon():
         # One device's masked mean is off the exact one by about 1e-7 / valid.
         tolerance = max(tolerance, 1e-6)
@@ -626,11 +685,20 @@ def known_limit(config, replicas):
 
 
 # float64 relative differences allowed on one device (Keras's arithmetic,
-# in another order) and under several replicas.
+# in another order) and under several replicas; float32's round-off.
 ONE_DEVICE_TOLERANCE, REPLICAS_TOLERANCE = 1e-12, 1e-9
+FLOAT32_TOLERANCE = 1e-5
 
 
-def sweep(seeds, replicas, floatx="float64", one_device=True):
+def tolerance_of(floatx, strategy=None):
+    """The relative difference allowed in `floatx` under `strategy`."""
+    if floatx == "float32":
+        return FLOAT32_TOLERANCE
+    replicas = strategy.num_replicas_in_sync if strategy else 1
+    return REPLICAS_TOLERANCE if replicas > 1 else ONE_DEVICE_TOLERANCE
+
+
+def sweep(seeds, replicas, floatx=None, one_device=True):
     """Checks each seed's configuration under `replicas` (and on one device,
     unless `one_device` is false, or only there when `replicas` is 1);
     yields `(seed, where, passed, differences or error)`."""
@@ -644,13 +712,8 @@ def sweep(seeds, replicas, floatx="float64", one_device=True):
         config = draw(seed)
         expected = run(config, keras.Model, floatx=floatx)
         for where, strategy in places.items():
-            tolerance = None
-            if floatx == "float64":
-                tolerance = REPLICAS_TOLERANCE if strategy else ONE_DEVICE_TOLERANCE
             try:
-                passed, found = check(
-                    config, strategy, floatx, tolerance=tolerance, expected=expected
-                )
+                passed, found = check(config, strategy, floatx, expected=expected)
             except Exception as error:  # reported with its configuration
                 passed, found = False, f"{type(error).__name__}: {error}"[:500]
             yield seed, where, passed, found

@@ -59,6 +59,10 @@ BUILDERS = {
     "GroupQueryAttention": _mha(
         lambda s: L.GroupQueryAttention(4, 2, 1, dropout=0.3, seed=s)
     ),
+    # Keras 3.16's name for it.
+    "GroupedQueryAttention": _mha(
+        lambda s: L.GroupedQueryAttention(4, 2, 1, dropout=0.3, seed=s)
+    ),
     "LSTM": _sequence(lambda s: L.LSTM(4, dropout=0.3, recurrent_dropout=0.3, seed=s)),
     "GRU": _sequence(lambda s: L.GRU(4, dropout=0.3, recurrent_dropout=0.3, seed=s)),
     "SimpleRNN": _sequence(
@@ -94,6 +98,7 @@ BUILDERS = {
     # Image augmentation.
     "AugMix": _image(lambda s: L.AugMix(**_RANGE, seed=s)),
     "CutMix": _image(lambda s: L.CutMix(seed=s)),
+    "Mosaic": _image(lambda s: L.Mosaic(seed=s)),  # Keras 3.16
     "MixUp": _image(lambda s: L.MixUp(seed=s)),
     "RandAugment": _image(lambda s: L.RandAugment(**_RANGE, seed=s)),
     "RandomBrightness": _image(lambda s: L.RandomBrightness(0.2, **_RANGE, seed=s)),
@@ -138,6 +143,8 @@ BUILDERS = {
     "RandomZoom": _image(lambda s: L.RandomZoom(0.2, seed=s)),
     "Solarization": _image(lambda s: L.Solarization(0.2, 0.2, **_RANGE, seed=s)),
 }
+# The layers of the installed Keras (a later one adds some).
+BUILDERS = {name: built for name, built in BUILDERS.items() if hasattr(L, name)}
 # Layers that take a `seed` and draw nothing in training: why.
 NOT_DRAWING = {
     "JaxLayer": "wraps a JAX function; not a layer of the TensorFlow backend",
@@ -157,7 +164,10 @@ REFUSED = {
     "MixUp": _SHUFFLE,
     "RandomElasticTransform": 'compile(random_draws="as_one_device") cannot draw '
     "`keras.layers.RandomElasticTransform`'s",
+    "Mosaic": 'compile(random_draws="as_one_device") cannot draw '
+    "`keras.layers.Mosaic`'s",
 }
+REFUSED = {name: start for name, start in REFUSED.items() if name in BUILDERS}
 # The refusals that come as the step runs (a shuffle of a batch whose size
 # is known only then), which abort the process's collectives.
 REFUSED_AS_IT_RUNS = (("CutMix", 49), ("MixUp", 49))

@@ -67,12 +67,22 @@ def train_graph(model):
     """The graph of `model`'s traced train function."""
     if isinstance(model, keras_ctl.CTLModel):
         return model.train_function.graphs()[0].as_graph_def()
-    # Keras wraps its `tf.function` in a plain function.
-    for cell in model.train_function.__closure__ or ():
-        function = cell.cell_contents
+    # Keras wraps its `tf.function`s in plain functions: the traced one
+    # (one step, or several a call; Keras 3.16 keeps both) is found in
+    # their closures.
+    functions, seen = [model.train_function], set()
+    while functions:
+        function = functions.pop(0)
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
         if hasattr(function, "_list_all_concrete_functions"):
-            concrete = function._list_all_concrete_functions()[0]
-            return concrete.graph.as_graph_def()
+            traced = function._list_all_concrete_functions()
+            if traced:
+                return traced[0].graph.as_graph_def()
+            function = function.python_function
+        cells = getattr(function, "__closure__", None) or ()
+        functions += [c.cell_contents for c in cells if callable(c.cell_contents)]
     raise RuntimeError("Keras's train function holds no tf.function")
 
 
