@@ -23,6 +23,7 @@ for 384 / 424. (980 / 1113 when an empty replica's placeholder row was a
 import devices
 import keras
 import pytest
+from packaging.version import Version
 import step_size
 from keras_io import custom_train_step_guide
 
@@ -50,6 +51,11 @@ PARTIAL_BATCH_RATIO = {
     "mirrored": {"mlp": 1.063, "mlp_dropout": 1.109},
     "default": {"mlp": 1.028, "mlp_dropout": 1.027},
 }
+if Version(keras.version()) >= Version("3.16.0.dev0"):
+    # Keras 3.16 traces that batch's step alone, its iterator's ops left
+    # out (876 / 956 ops on 2 replicas for 3.15's 942 / 1022); CTLModel's
+    # graphs are the same 992 / 1123 ops.
+    PARTIAL_BATCH_RATIO["mirrored"] = {"mlp": 1.143, "mlp_dropout": 1.186}
 
 
 @pytest.mark.parametrize("strategy", ["mirrored", "default"])

@@ -77,9 +77,13 @@ def train_graph(model):
             continue
         seen.add(id(function))
         if hasattr(function, "_list_all_concrete_functions"):
-            traced = function._list_all_concrete_functions()
+            traced = [
+                f.graph.as_graph_def() for f in function._list_all_concrete_functions()
+            ]
             if traced:
-                return traced[0].graph.as_graph_def()
+                # Keras 3.16 traces a partial last batch again, with the
+                # batch's size relaxed: the general trace is the largest.
+                return max(traced, key=lambda graph: sum(op_counts(graph).values()))
             function = function.python_function
         cells = getattr(function, "__closure__", None) or ()
         functions += [c.cell_contents for c in cells if callable(c.cell_contents)]
