@@ -23,9 +23,9 @@ for 384 / 424. (980 / 1113 when an empty replica's placeholder row was a
 import devices
 import keras
 import pytest
-from packaging.version import Version
 import step_size
 from keras_io import custom_train_step_guide
+from packaging.version import Version
 
 import keras_ctl
 
