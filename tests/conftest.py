@@ -27,3 +27,28 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "end_to_end" in item.path.parts:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each tier's total test time and test count, so the suite's growth
+    shows in every run's log (`--durations=25` lists the slowest tests)."""
+    totals = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) is None:
+                continue
+            tier = _tier(report.nodeid)
+            seconds, tests = totals.get(tier, (0.0, set()))
+            tests.add(report.nodeid)
+            totals[tier] = (seconds + report.duration, tests)
+    if not totals:
+        return
+    terminalreporter.section("time by tier (test time, summed over workers)")
+    for tier in sorted(totals):
+        seconds, tests = totals[tier]
+        terminalreporter.write_line(f"{tier}: {seconds:.0f} s, {len(tests)} tests")
+
+
+def _tier(nodeid):
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else parts[0]
