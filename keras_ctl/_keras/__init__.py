@@ -9,7 +9,9 @@ checked when Keras moves it; its
 inventory is read off the source (`names.inventory()`), and a test checks
 each name against the installed Keras. Every change of Keras behaviour is
 one row of `replacements.REPLACEMENTS`, in place only while a keras_ctl
-call runs (`in_effect`). The supported range is declared in pyproject.toml
+call runs (`in_effect`); a row that one feature needs names the public
+class to wrap where a Keras lacks its private name (`fallback`), so that
+Keras disables nothing else. The supported range is declared in pyproject.toml
 (checked on import by `keras_ctl._compat`), and `.ci/compat` runs the fast
 tests at both of its ends and on the next Keras. When a new Keras minor
 comes out, re-read the Keras code each accessor names, then widen the
