@@ -411,7 +411,14 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
                 examples of the batch (in-batch negatives, a contrastive
                 similarity matrix, a normalizer counted over the batch), at
                 the cost of the gather and of every replica computing the
-                whole loss. Keras's own `compute_loss` is exact either way.
+                whole loss. Keras's own `compute_loss` is exact either way;
+                with `None`, a loss of one's own given to `compile()` (a
+                `Loss` subclass, a function) is measured on the first batch
+                too, on one device on the whole batch and its halves: a
+                mean is read as each replica's mean, a sum (the tutorial's
+                `sum(per_example) / GLOBAL_BATCH` in a `Loss`) as each
+                replica's share summed as it is, and any other value is
+                refused naming the numbers.
             random_draws: What the random numbers of a training step are
                 under several replicas: `"as_one_device"`: each example
                 gets the numbers one device draws for it (`Dropout`,
@@ -484,6 +491,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine.batch_statistics = batch_statistics
         engine.batch_statistics_warned = False
         engine.logged_metric_names = None
+        engine.loss_readings = {}
         super().compile(*args, **kwargs)
 
     def _batches_with_positions(self) -> bool:

@@ -185,7 +185,23 @@ def compiled_terms(
     compile_loss = _keras.compile_loss(model)
     if compile_loss is None:
         return None
-    return loss_module.loss_terms(compile_loss, y, y_pred, sample_weight, batch_size)
+    return _terms(model, compile_loss, y, y_pred, sample_weight, batch_size)
+
+
+def _terms(
+    model: keras.Model,
+    compile_loss: Any,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+) -> loss_module.LossTerms:
+    """`compile_loss`'s terms, each loss read as the first batch measured
+    (`EngineState.loss_readings`)."""
+    readings = engine_state.of(model).loss_readings
+    return loss_module.loss_terms(
+        compile_loss, y, y_pred, sample_weight, batch_size, readings
+    )
 
 
 def loss_times_examples(
@@ -377,9 +393,7 @@ def default_loss_share(
         shares = loss_module.count_only_shares(batch_size, dtype)
     else:
         if terms is None:
-            terms = loss_module.loss_terms(
-                compile_loss, y, y_pred, sample_weight, batch_size
-            )
+            terms = _terms(model, compile_loss, y, y_pred, sample_weight, batch_size)
         shares = loss_module.compiled_loss_shares(terms, batch_size, global_batch)
     # Not `None`: `compiled_loss_shares` and `count_only_shares` set it.
     total = cast(tf.Tensor, shares.total)
@@ -534,9 +548,8 @@ class CompiledPass:
         with tf.GradientTape() as tape:
             y_pred = model(x, training=self._training)
             # The model has a compiled loss (`build._step_function`).
-            terms = loss_module.loss_terms(
-                _keras.compile_loss(model), y, y_pred, sample_weight, batch_size
-            )
+            compile_loss = _keras.compile_loss(model)
+            terms = _terms(model, compile_loss, y, y_pred, sample_weight, batch_size)
             fits = terms.foldable if global_batch is None else terms.fixed_counts
             if not fits:
                 return y_pred, tf.zeros(()), [], [], False  # traced, never run

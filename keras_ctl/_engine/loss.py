@@ -161,13 +161,47 @@ def _weighted_total(
     return weighted[0] if len(weighted) == 1 else tf.add_n(weighted)
 
 
+def output_losses(
+    compile_loss: Any, y: Any, y_pred: Any, sample_weight: Any
+) -> list[tuple[Any, Any, Any, Any, float | None, str]]:
+    """`[(loss_fn, y, y_pred, sample_weight, loss_weight, name)]`, one per
+    output of `compile_loss` with a loss, each with its output's part of
+    the nests `y`, `y_pred` and `sample_weight`."""
+    y, y_pred = _align_structures(compile_loss, y, y_pred)
+    found = []
+    for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
+        weight = sample_weight
+        if sample_weight is not None and tree.is_nested(sample_weight):
+            weight = _resolve(path, sample_weight)
+        found.append(
+            (
+                loss_fn,
+                _resolve(path, y),
+                _resolve(path, y_pred),
+                weight,
+                loss_weight,
+                name,
+            )
+        )
+    return found
+
+
 def loss_terms(
-    compile_loss: Any, y: Any, y_pred: Any, sample_weight: Any, batch_size: tf.Tensor
+    compile_loss: Any,
+    y: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    batch_size: tf.Tensor,
+    readings: dict[int, str] | None = None,
 ) -> LossTerms:
     """The `LossTerms` of `compile_loss` (`_keras.compile_loss`) on this
     replica's labels `y`, outputs `y_pred` and `sample_weight` (any nests
-    matching the outputs), with `batch_size` real examples."""
+    matching the outputs), with `batch_size` real examples. `readings`:
+    how a loss (by its id) that returns one value for the batch is read
+    (`_keras.ONE_VALUE_READINGS`), as measured on the first batch
+    (`loss_mean.read_compiled_losses`); a mean where none is given."""
     dtype = compile_loss.dtype
+    readings = readings or {}
 
     # A replica padded with a placeholder example contributes nothing, not
     # even a NaN (a fully masked placeholder divides 0 by 0).
@@ -176,16 +210,12 @@ def loss_terms(
             None if value is None else only_if_real(tf.cast(value, dtype), batch_size)
         )
 
-    y, y_pred = _align_structures(compile_loss, y, y_pred)
     terms: list[_keras.LossParts] = []
     loss_weights: list[float | None] = []
-    for path, loss_fn, loss_weight, name in _keras.compile_loss_terms(compile_loss):
-        weight = sample_weight
-        if sample_weight is not None and tree.is_nested(sample_weight):
-            weight = _resolve(path, sample_weight)
-        term = _loss_term(
-            loss_fn, _resolve(path, y), _resolve(path, y_pred), weight, name
-        )
+    outputs = output_losses(compile_loss, y, y_pred, sample_weight)
+    for loss_fn, y_true, pred, weight, loss_weight, name in outputs:
+        one_value = readings.get(id(loss_fn), "mean")
+        term = _loss_term(loss_fn, y_true, pred, weight, name, one_value)
         if term is None:
             raise ValueError(
                 f"The loss of output `{name}` returned nothing to train on. "
@@ -210,10 +240,16 @@ def count_only_shares(batch_size: tf.Tensor, dtype: tf.DType | str) -> LossShare
 
 
 def _loss_term(
-    loss_fn: keras.losses.Loss, y_true: Any, y_pred: Any, sample_weight: Any, name: str
+    loss_fn: keras.losses.Loss,
+    y_true: Any,
+    y_pred: Any,
+    sample_weight: Any,
+    name: str,
+    one_value: str,
 ) -> _keras.LossParts | None:
     """The `_keras.LossParts` of one output: its local weighted sum and
-    denominator, from Keras's own reduction."""
+    denominator, from Keras's own reduction (a value for the batch read as
+    `one_value` says)."""
     _checks.numeric_labels(y_true)
     if loss_fn.reduction in (None, "none"):
         # Unreduced values add into the total, as Keras's `compute_loss`
@@ -221,7 +257,7 @@ def _loss_term(
         loss_fn = copy.copy(loss_fn)
         loss_fn.reduction = "sum"
     try:
-        return _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight)
+        return _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight, one_value)
     except (ValueError, tf.errors.InvalidArgumentError) as error:
         # Keep the loss's own message (the shapes may well fit); add where.
         raise ValueError(

@@ -45,12 +45,15 @@ from keras import tree
 from keras_ctl import _keras
 from keras_ctl._engine import forward
 from keras_ctl._engine import gather
+from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.replica_step import FirstBatch
 from keras_ctl._engine.replica_step import Trace
 from keras_ctl._engine.replica_step import optionals_to_none
 from keras_ctl._keras.iterators import without_positions
+from keras_ctl._own_code import is_keras_ctls
+from keras_ctl._own_code import is_users_function
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
@@ -80,9 +83,13 @@ class Measurement(NamedTuple):
         return bool(np.isclose(self.whole, self.mean_of_halves, _RTOL, _ATOL))
 
     @property
+    def is_sum(self) -> bool:
+        return bool(np.isclose(self.whole, self.first + self.second, _RTOL, _ATOL))
+
+    @property
     def kind(self) -> str:
         """What a loss that is not a mean is: a sum, or a coupling."""
-        if np.isclose(self.whole, self.first + self.second, _RTOL, _ATOL):
+        if self.is_sum:
             return "a sum over examples"
         return "a loss that couples the batch's examples"
 
@@ -169,10 +176,95 @@ def check_for(
     if not is_users_own(model, step):
         if is_users_own(model, "compute_loss"):
             return functools.partial(refuse_unless_mean, model)
+        if is_keras_ctls(model, "compute_loss") and _users_losses_compiled(model):
+            return functools.partial(read_compiled_losses, model)
         return None
     if training and not marked_in_shares(model, step):
         return functools.partial(refuse_unless_step_mean, model)
     return None
+
+
+def _users_losses_compiled(model: keras.Model) -> bool:
+    """Whether `compile(loss=...)` holds a loss of the user's own (a `Loss`
+    subclass's `call`, or a function), which the first batch reads."""
+    compile_loss = _keras.compile_loss(model)
+    given = [] if compile_loss is None else tree.flatten(_keras.user_loss(compile_loss))
+    return any(_is_users_loss(loss) for loss in given)
+
+
+def _is_users_loss(loss: Any) -> bool:
+    """Whether a loss computes with code of the user's own: a `Loss`
+    subclass's own `call` or `__call__`, the function a Keras loss wraps
+    (`LossFunctionWrapper.fn`), or a plain function."""
+    if isinstance(loss, keras.losses.Loss):
+        wrapped = getattr(loss, "fn", None)
+        code = [type(loss).call, type(loss).__call__, *([wrapped] if wrapped else [])]
+        return any(is_users_function(f) for f in code)
+    return callable(loss) and is_users_function(loss)
+
+
+def read_compiled_losses(model: keras.Model, first: FirstBatch) -> None:
+    """Reads each compiled loss of the user's own as one device computes
+    it, measured on the `first` batch before any step runs on it: the loss
+    on the whole batch against its halves (`Measurement`), on one device,
+    with the predictions of `training=False`. A mean over examples (one
+    value for the batch, or Keras's reduction of one value an example)
+    keeps the mean reading; a sum (the tutorial's `sum(per_example) /
+    GLOBAL_BATCH` inside a `Loss`, a `reduction="sum"` of one value) is
+    read as each replica's share, summed as it is; anything else is
+    refused, naming the numbers. The readings go to the engine state
+    (`loss_readings`), which the traced step reads."""
+    whole = _global_batch(first, model.run_eagerly)
+    readings = engine_state.of(model).loss_readings
+    for loss, name, measured in _one_device(_compiled_loss_measurements, model, whole):
+        if measured.is_mean:
+            readings[id(loss)] = "mean"
+        elif measured.is_sum:
+            readings[id(loss)] = "share"
+        else:
+            raise ValueError(
+                f"The loss of output `{name}` ({type(loss).__name__}) is "
+                f"neither a mean nor a sum over examples: {measured}. Each "
+                "replica computes it on its part of the batch, which cannot "
+                "add up to one device's loss. Return one value per example "
+                "from its `call()` (Keras then reduces them over the global "
+                "batch), or compute it in a `compute_loss` of the model's "
+                'own with `compile(compute_loss_over="global_batch")`, '
+                "which sees the global batch."
+            )
+
+
+def _compiled_loss_measurements(
+    model: keras.Model, batch: Any
+) -> list[tuple[Any, str, Measurement]]:
+    """`[(loss, output name, Measurement)]` of each compiled loss of the
+    user's own on `batch` (none for a batch of fewer than 2 examples, or
+    a compiled loss Keras has not built)."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(batch))
+    rows = examples_in(batch)
+    compile_loss = _keras.compile_loss(model)
+    if rows < 2 or not compile_loss.built:
+        return []
+    y_pred = model(x, training=False)
+    half = rows // 2
+    found = []
+    outputs = loss_module.output_losses(compile_loss, y, y_pred, sample_weight)
+    for loss, *arguments, _, name in outputs:
+        if _is_users_loss(loss):
+            whole, first, second = (
+                _value_on_rows(loss, arguments, start, stop)
+                for start, stop in ((0, rows), (0, half), (half, rows))
+            )
+            found.append((loss, name, Measurement(rows, whole, first, second)))
+    return found
+
+
+def _value_on_rows(loss: Any, arguments: list[Any], start: int, stop: int) -> float:
+    """`loss(y_true, y_pred, sample_weight)` of rows `start:stop`."""
+    rows = tree.map_structure(
+        lambda t: None if t is None else t[start:stop], list(arguments)
+    )
+    return float(np.mean(loss(*rows)))
 
 
 def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:

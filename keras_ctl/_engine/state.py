@@ -51,6 +51,10 @@ class EngineState:
         logged_metric_names: The keys a `compute_metrics` of the model's
             own returned, noted as the step is traced (Keras logs those),
             or `None`.
+        loss_readings: How each compiled loss of the user's own (by its
+            id) is read when it returns one value for the batch, as
+            measured on the first batch (`loss_mean.read_compiled_losses`):
+            `"mean"` or `"share"`.
     """
 
     gradient_accumulation: str = "micro_batches"
@@ -65,6 +69,7 @@ class EngineState:
     train_pass: CompiledPass | None = None
     test_pass: CompiledPass | None = None
     logged_metric_names: list[str] | None = None
+    loss_readings: dict[int, str] = dataclasses.field(default_factory=dict)
     predicted_batches: int = 0
 
 

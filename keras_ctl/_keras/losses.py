@@ -39,8 +39,19 @@ class LossParts(NamedTuple):
 _MEAN_REDUCTIONS = ("mean", "sum_over_batch_size", "mean_with_sample_weight")
 
 
+# How a loss returning one value for the batch is read on a replica: as
+# that value for each of the replica's examples (a mean over them), or as
+# the replica's share of the global batch's loss, summed across replicas
+# as it is (a sum over examples, or the tutorial's `sum / GLOBAL_BATCH`).
+ONE_VALUE_READINGS = ("mean", "share")
+
+
 def loss_parts(
-    loss: Callable[..., Any], y_true: Any, y_pred: Any, sample_weight: Any = None
+    loss: Callable[..., Any],
+    y_true: Any,
+    y_pred: Any,
+    sample_weight: Any = None,
+    one_value: str = "mean",
 ) -> LossParts | None:
     """Calls `loss(y_true, y_pred, sample_weight)` and returns its
     `LossParts` on this replica, or `None` when it returns nothing.
@@ -53,14 +64,15 @@ def loss_parts(
     shaped like them (with the sample weights only where Keras divides by
     their sum). Masks, `ignore_class`, sample weights and dtypes therefore
     mean what they mean in Keras. A loss that returns one value for the
-    batch is taken as that value for each example of this replica. So is
-    the value of a loss whose own `__call__` skips Keras's reduction (a
-    mean over its elements when it returns one value per example): one
-    device trains on that value as the batch's loss.
+    batch is read as `one_value` says (`ONE_VALUE_READINGS`; the engine
+    measures which equals one device). So is the value of a loss whose own
+    `__call__` skips Keras's reduction (a mean over its elements when it
+    returns one value per example): one device trains on that value as the
+    batch's loss.
     """
     examples = tf.shape(tree.flatten(y_pred)[0])[0]
     previous = getattr(_in_step, "capture", None)
-    _in_step.capture = {"examples": examples}
+    _in_step.capture = {"examples": examples, "one_value": one_value}
     try:
         value = loss(y_true, y_pred, sample_weight)
         parts = _in_step.capture.get("parts")
@@ -75,6 +87,7 @@ def loss_parts(
             "sum_over_batch_size",
             None,
             examples,
+            one_value,
         )
     return parts
 
@@ -99,10 +112,16 @@ def examples_of_batch(examples):
         yield
 
 
-def _parts_of(original, values, sample_weight, mask, reduction, dtype, examples):
+def _parts_of(
+    original, values, sample_weight, mask, reduction, dtype, examples, one_value
+):
     """`LossParts` of Keras's reduction of `values` (see `loss_parts`)."""
     values = ops.convert_to_tensor(values, dtype=dtype)
     if values.shape.rank == 0:
+        if one_value == "share" and sample_weight is None:
+            # Summed across replicas as it is, with no division: as a
+            # `reduction="sum"` loss's sum.
+            return LossParts(values, None, None)
         if reduction == "sum":
             raise ValueError(
                 "The loss returned one value for the whole batch, with "
@@ -161,7 +180,9 @@ def _as_one_device(original, values, sample_weight, mask, reduction, dtype):
     without its division by the replica count."""
     if ops.convert_to_tensor(values).shape.rank == 0:
         return original(values, sample_weight, mask, reduction, dtype)
-    parts = _parts_of(original, values, sample_weight, mask, reduction, dtype, None)
+    parts = _parts_of(
+        original, values, sample_weight, mask, reduction, dtype, None, "mean"
+    )
     if parts.count is None:
         return parts.total
     return tf.math.divide_no_nan(parts.total, parts.count)
@@ -223,8 +244,9 @@ def exact_reduction(original):
             return valued_as_global(
                 original(values, sample_weight, mask, reduction, dtype)
             )
+        one_value = (capture or {}).get("one_value", "mean")
         parts = _parts_of(
-            original, values, sample_weight, mask, reduction, dtype, examples
+            original, values, sample_weight, mask, reduction, dtype, examples, one_value
         )
         if capture is not None:
             # The outermost call reduces last: its parts are kept. A

@@ -429,11 +429,15 @@ def replica_step(
 
 
 def loss_parts(
-    loss: Callable[..., Any], y_true: Any, y_pred: Any, sample_weight: Any = None
+    loss: Callable[..., Any],
+    y_true: Any,
+    y_pred: Any,
+    sample_weight: Any = None,
+    one_value: str = "mean",
 ) -> losses.LossParts | None:
     """`losses.loss_parts`, with the exact reduction in place."""
     with in_effect():
-        return losses.loss_parts(loss, y_true, y_pred, sample_weight)
+        return losses.loss_parts(loss, y_true, y_pred, sample_weight, one_value)
 
 
 @contextlib.contextmanager

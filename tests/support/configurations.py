@@ -655,7 +655,13 @@ def check(config, strategy=None, floatx=None, tolerance=None, expected=None):
         expected = run(config, keras.Model, floatx=floatx)
     actual = run(config, keras_ctl.CTLModel, strategy, floatx=floatx)
     found = differences(expected, actual)
-    return max(found.values()) <= tolerance, found
+    passed = max(found.values()) <= tolerance
+    if not passed and floatx == "float32" and max(found.values()) <= ROUND_OFF_BOUND:
+        # Round-off that the updates amplify (Adam's normalized steps, an
+        # absolute error's sign) or a logic error: float64 tells them apart.
+        passed, in_float64 = check(config, strategy, "float64")
+        found = {**found, "float64": max(in_float64.values() or [0.0])}
+    return passed, found
 
 
 # The options a refusal names (`known_limit`).
@@ -688,6 +694,9 @@ def known_limit(config, replicas):
 # in another order) and under several replicas; float32's round-off.
 ONE_DEVICE_TOLERANCE, REPLICAS_TOLERANCE = 1e-12, 1e-9
 FLOAT32_TOLERANCE = 1e-5
+# A float32 difference up to this is judged by the same configuration in
+# float64 (`check`); past it, it fails.
+ROUND_OFF_BOUND = 1e-3
 
 
 def tolerance_of(floatx, strategy=None):
