@@ -240,7 +240,7 @@ def _compiled_loss_measurements(
     """`[(loss, output name, Measurement)]` of each compiled loss of the
     user's own on `batch` (none for a batch of fewer than 2 examples, or
     a compiled loss Keras has not built)."""
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(batch))
+    x, y, _ = keras.utils.unpack_x_y_sample_weight(tuple(batch))
     rows = examples_in(batch)
     compile_loss = _keras.compile_loss(model)
     if rows < 2 or not compile_loss.built:
@@ -248,11 +248,13 @@ def _compiled_loss_measurements(
     y_pred = model(x, training=False)
     half = rows // 2
     found = []
-    outputs = loss_module.output_losses(compile_loss, y, y_pred, sample_weight)
-    for loss, *arguments, _, name in outputs:
+    outputs = loss_module.output_losses(compile_loss, y, y_pred, None)
+    # Without sample weights: Keras weighs one value an example exactly in
+    # the step, and refuses one value for the batch with weights.
+    for loss, y_true, pred, _, _, name in outputs:
         if _is_users_loss(loss):
             whole, first, second = (
-                _value_on_rows(loss, arguments, start, stop)
+                _value_on_rows(loss, [y_true, pred], start, stop)
                 for start, stop in ((0, rows), (0, half), (half, rows))
             )
             found.append((loss, name, Measurement(rows, whole, first, second)))
@@ -260,11 +262,8 @@ def _compiled_loss_measurements(
 
 
 def _value_on_rows(loss: Any, arguments: list[Any], start: int, stop: int) -> float:
-    """`loss(y_true, y_pred, sample_weight)` of rows `start:stop`."""
-    rows = tree.map_structure(
-        lambda t: None if t is None else t[start:stop], list(arguments)
-    )
-    return float(np.mean(loss(*rows)))
+    """`loss(y_true, y_pred)` of rows `start:stop`."""
+    return float(np.mean(loss(*tree.map_structure(lambda t: t[start:stop], arguments))))
 
 
 def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:
