@@ -5,8 +5,9 @@ A configuration is a dict of plain values drawn from a seed (`draw(seed)`):
 a model kind, a loss and its reduction, sample or class weights, metrics,
 an optimizer and its options, `steps_per_execution`, `jit_compile`, arrays
 or `tf.data`, a dataset size that leaves uneven (often empty) replicas, and
-the dtype; every configuration validates and evaluates. `run(config, ...)` trains from fixed initial weights and
-returns weights, `history`, `evaluate()` and `predict()` as float64 arrays.
+the dtype; every configuration validates and evaluates. `run(config, ...)`
+trains from fixed initial weights and returns weights, `history`,
+`evaluate()` and `predict()` as float64 arrays.
 
 Reproduce one configuration from the command line (one device and two
 replicas, float64):
