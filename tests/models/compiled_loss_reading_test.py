@@ -7,8 +7,6 @@ the batch's examples is refused by name. Each equals `keras.Model` on one
 device in float64 (weights, `history`, `evaluate()`), with a last batch
 split unevenly; on 3 replicas in a child process (slow)."""
 
-import json
-
 import children
 import compiled_losses
 import devices
@@ -51,8 +49,7 @@ def test_a_compiled_loss_coupling_the_batch_is_refused_by_name():
 def test_three_replicas_read_each_loss_as_one_device(tmp_path):
     out = tmp_path / "3.json"
     command = [children.PYTHON, "compiled_loss_child.py", 3, out]
-    result = children.run(command, timeout=600)
-    assert result.returncode == 0, children.output(result)
-    found = json.loads(out.read_text())
+    found = children.json_written(command, out, timeout=600)
+    assert "error" not in found, found
     assert all(found[kind] <= 1e-9 for kind in compiled_losses.LOSSES), found
     assert "neither a mean nor a sum" in found["coupled"], found

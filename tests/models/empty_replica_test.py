@@ -5,8 +5,6 @@ classifier on 97 digits, batch 8, and generated configurations of rank 2,
 3 and 4 with Keras's step and steps of one's own, in float32). 2 replicas
 here; 3 in a child process (slow)."""
 
-import json
-
 import children
 import configurations
 import devices
@@ -40,9 +38,8 @@ def test_every_rank_and_step_with_an_empty_replica_equals_one_device(name):
 def test_three_replicas_with_empty_replicas_equal_one_device(tmp_path):
     out = tmp_path / "3.json"
     command = [children.PYTHON, "empty_replica_child.py", 3, out]
-    result = children.run(command, timeout=900)
-    assert result.returncode == 0, children.output(result)
-    found = json.loads(out.read_text())
+    found = children.json_written(command, out, timeout=900)
+    assert "error" not in found, found
     assert set(found) == {
         "classifier-float32",
         "classifier-float64",
