@@ -568,10 +568,29 @@ def _run(config, model_class, strategy):
         "weights": weights,
         "predict": [np.asarray(p, "float64") for p in tree.flatten(predictions)],
         "history": {k: np.asarray(v, "float64") for k, v in history.history.items()},
-        "evaluate": {k: np.float64(v) for k, v in evaluation.items()},
-        "evaluate_list": [np.asarray(as_list, "float64")],
+        "evaluate": {k: np.float64(v) for k, v in _flat_logs(evaluation).items()},
+        "evaluate_list": [np.asarray(_flat_values(as_list), "float64")],
         "metrics_names": list(model.metrics_names),
     }
+
+
+def _flat_logs(logs):
+    """`logs` with nested dicts flattened: a keras.io step returning
+    `{m.name: m.result() for m in self.metrics}` gives Keras 3.12's compiled
+    metrics as one dict of results, on one device too."""
+    flat = {}
+    for key, value in logs.items():
+        flat.update(_flat_logs(value) if isinstance(value, dict) else {key: value})
+    return flat
+
+
+def _flat_values(values):
+    """`evaluate()`'s list (or one value), a dict in it flattened (see
+    `_flat_logs`)."""
+    flat = []
+    for value in values if isinstance(values, list) else [values]:
+        flat += list(_flat_logs(value).values()) if isinstance(value, dict) else [value]
+    return flat
 
 
 def _random_draws(config, model):
