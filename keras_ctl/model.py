@@ -576,6 +576,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         # unless `verbose` is given, prints the progress bar.
         if chief_writes.writes_aside(strategy) and len(args) < 3:
             kwargs.setdefault("verbose", 0)
+        self._engine.calls += 1  # its first step is measured
         callbacks = kwargs.get("callbacks")
         if callbacks is not None:
             kwargs["callbacks"] = chief_writes.with_chief_only_backups(
@@ -678,6 +679,8 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         if strategies.is_parameter_server(self.distribute_strategy):
             return parameter_servers.evaluate(self, x, y, *args, **kwargs)
         self._check_made_in_scope()
+        if not kwargs.get("_use_cached_eval_dataset"):  # not fit()'s validation
+            self._engine.calls += 1  # its first step is measured
         return super().evaluate(x, y, *args, **kwargs)
 
     @_signature.keras_signature(keras.Model.predict)

@@ -155,7 +155,7 @@ def _step_function(
         warns_of_replica_draws=training and random_draws.warns_of_replica_draws(model),
         weights=lambda: model.weights,
         step_name=f"{type(model).__name__}.{'train_step' if training else 'test_step'}",
-        first_batch_check=loss_mean.check_for(model, training),
+        measurement=loss_mean.check_for(model, training),
     )
     return compiled_pass, StepFunction(parts, step, plan, training=training)
 

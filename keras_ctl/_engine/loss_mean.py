@@ -27,15 +27,11 @@ over the global batch, as one device does.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 import warnings
 from collections.abc import Callable
-from collections.abc import Iterator
 from typing import Any
 from typing import NamedTuple
-from typing import TypeVar
 
 import keras
 import numpy as np
@@ -43,22 +39,16 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
-from keras_ctl._engine import forward
-from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
+from keras_ctl._engine import measuring
 from keras_ctl._engine import state as engine_state
-from keras_ctl._engine.padding import pad_empty_batch
-from keras_ctl._engine.replica_step import FirstBatch
-from keras_ctl._engine.replica_step import Trace
-from keras_ctl._engine.replica_step import optionals_to_none
-from keras_ctl._keras.iterators import without_positions
+from keras_ctl._engine.measuring import examples_in
+from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_function
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
-
-_T = TypeVar("_T")
 
 # A loss of float32 round-off (the halves' mean recombined) passes.
 _RTOL, _ATOL = 1e-5, 1e-7
@@ -154,17 +144,11 @@ class _HandlesReplicas(Exception):
     """The loss measured calls replica arithmetic."""
 
 
-def examples_in(batch: Any) -> int:
-    """The number of examples of `batch`: the rows of its first input."""
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(batch))
-    return int(tree.flatten(x)[0].shape[0])
-
-
 def check_for(
     model: keras.Model, training: bool
-) -> Callable[[FirstBatch], None] | None:
-    """The first-batch check of `model`'s train (`training`) or test
-    function (`StepParts.first_batch_check`), or `None`."""
+) -> Callable[[MeasuredBatch], bool] | None:
+    """The measurement of `model`'s train (`training`) or test function
+    (`StepParts.measurement`), or `None`."""
     strategy = model.distribute_strategy
     if (
         engine_state.of(model).compute_loss_over is not None
@@ -203,35 +187,50 @@ def _is_users_loss(loss: Any) -> bool:
     return callable(loss) and is_users_function(loss)
 
 
-def read_compiled_losses(model: keras.Model, first: FirstBatch) -> None:
+def read_compiled_losses(model: keras.Model, batch: MeasuredBatch) -> bool:
     """Reads each compiled loss of the user's own as one device computes
-    it, measured on the `first` batch before any step runs on it: the loss
-    on the whole batch against its halves (`Measurement`), on one device,
+    it, measured on `batch` before any step runs on it: the loss on the
+    examples measured against their halves (`Measurement`), on one device,
     with the predictions of `training=False`. A mean over examples (one
     value for the batch, or Keras's reduction of one value an example)
     keeps the mean reading; a sum (the tutorial's `sum(per_example) /
     GLOBAL_BATCH` inside a `Loss`, a `reduction="sum"` of one value) is
-    read as each replica's share, summed as it is; anything else is
+    read as each replica's share, summed as it is; anything else, and a
+    reading other than an earlier batch's (the step runs the first), is
     refused, naming the numbers. The readings go to the engine state
     (`loss_readings`), which the traced step reads."""
-    whole = _global_batch(first, model.run_eagerly)
+    whole = measuring.global_batch(batch, model.run_eagerly)
     readings = engine_state.of(model).loss_readings
-    for loss, name, measured in _one_device(_compiled_loss_measurements, model, whole):
-        if measured.is_mean:
-            readings[id(loss)] = "mean"
-        elif measured.is_sum:
-            readings[id(loss)] = "share"
-        else:
+    measurements = measuring.one_device(_compiled_loss_measurements, model, whole.data)
+    for loss, name, measured in measurements:
+        reading = "mean" if measured.is_mean else "share" if measured.is_sum else None
+        known = readings.setdefault(id(loss), reading or "mean")
+        if reading == known:
+            continue
+        where = _where(model, batch, whole)
+        if reading is None:
             raise ValueError(
                 f"The loss of output `{name}` ({type(loss).__name__}) is "
-                f"neither a mean nor a sum over examples: {measured}. Each "
-                "replica computes it on its part of the batch, which cannot "
-                "add up to one device's loss. Return one value per example "
-                "from its `call()` (Keras then reduces them over the global "
-                "batch), or compute it in a `compute_loss` of the model's "
-                'own with `compile(compute_loss_over="global_batch")`, '
+                f"neither a mean nor a sum over examples {where}: {measured}. "
+                "Each replica computes it on its part of the batch, which "
+                "cannot add up to one device's loss. Return one value per "
+                "example from its `call()` (Keras then reduces them over the "
+                "global batch), or compute it in a `compute_loss` of the "
+                'model\'s own with `compile(compute_loss_over="global_batch")`, '
                 "which sees the global batch."
             )
+        raise ValueError(
+            f"The loss of output `{name}` ({type(loss).__name__}) was a "
+            f"{_READING[known]} on the batches measured before, and is a "
+            f"{_READING[reading]} {where}: {measured}. The step reads it as "
+            "the first batch measured it. Return one value per example from "
+            "its `call()`: Keras then reduces them over the global batch, "
+            "whatever the batch."
+        )
+    return True
+
+
+_READING = {"mean": "mean over examples", "share": "sum over examples"}
 
 
 def _compiled_loss_measurements(
@@ -266,27 +265,31 @@ def _value_on_rows(loss: Any, arguments: list[Any], start: int, stop: int) -> fl
     return float(np.mean(loss(*tree.map_structure(lambda t: t[start:stop], arguments))))
 
 
-def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:
+def refuse_unless_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     """Raises a `ValueError` naming the numbers and the choices when the
     gradient of the model's `compute_loss` that the default step sums
-    across replicas on the `first` batch, each replica's loss on its part
-    weighed by the part's share, differs from one device's gradient on the
-    whole batch by more than round-off. Predictions with `training=False`;
-    the model's variables and metrics are as they were afterwards."""
-    with _restored(model, []):
-        summed, whole = _summed_across_replicas(model, first)
-        one_device = _one_device(_gradients_on_one_device, model, whole)
+    across replicas on `batch` (its slices: `measuring.sliced`), each
+    replica's loss on its part weighed by the part's share, differs from
+    one device's gradient on the same examples by more than round-off
+    (`_tolerance`). Predictions with `training=False`; the model's
+    variables and metrics are as they were afterwards."""
+    with measuring.restored(model, []):
+        summed, whole = measuring.summed_across_replicas(model, batch)
+        one_device = measuring.gradients_on_one_device(model, batch, whole.data)
+        reordered = measuring.reordered(whole.data)
+        again = measuring.gradients_on_one_device(model, batch, reordered)
     off = _relative_difference(summed, one_device)
-    if off <= _gradient_rtol(model):
-        return
-    measured = _one_device(measure, model, whole)
+    tolerance = _tolerance(model, _relative_difference(again, one_device))
+    if off <= tolerance:
+        return True
+    measured = measuring.one_device(measure, model, whole.data)
     values = "" if measured is None else f"; {measured}"
     raise ValueError(
         f"{type(model).__name__}.compute_loss is not a mean over examples: "
-        f"{_on_the_first_batch(model, whole)}, the "
-        "gradient of each replica's loss on its part, weighed by the part's "
-        f"share of the batch and summed, is {off:.3g} off (relative) one "
-        f"device's gradient on the whole batch{values}. Pass "
+        f"{_where(model, batch, whole)}, the gradient of each replica's loss "
+        "on its part, weighed by the part's share of the batch and summed, "
+        f"is {off:.3g} off (relative) one device's gradient on the same "
+        f"examples, past round-off ({tolerance:.2g}){values}. Pass "
         '`compute_loss_over="global_batch"` to `compile()`: every replica '
         "then computes it on the global batch, and the model trains as on "
         'one device. Or pass `compute_loss_over="replica_batch"` to compute '
@@ -295,12 +298,13 @@ def refuse_unless_mean(model: keras.Model, first: FirstBatch) -> None:
     )
 
 
-def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
+def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     """Raises a `ValueError` naming the numbers and the choices when the
     gradients a `train_step` of the user's own, read as one device's code,
-    applies on the `first` batch (each replica's weighed by its part and
-    summed, as the step sums them) differ from the gradients the step
-    applies on one device on the whole batch by more than round-off.
+    applies on `batch` (its slices: `measuring.sliced`; each replica's
+    weighed by its part and summed, as the step sums them) differ from the
+    gradients the step applies on one device on the same examples by more
+    than round-off (`_tolerance`).
 
     Nothing is applied (`_keras.applies_captured`), and the model's and
     its optimizers' variables are as they were afterwards. Not refused: a
@@ -308,23 +312,26 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
     nothing, and one whose gradients on one device differ between two runs
     on the same batch and state (it draws numbers that are not one
     device's: TensorFlow's own random ops, Python's `random`), which is
-    warned of instead."""
-    optimizers = first.step.parts.optimizers
-    with _restored(model, optimizers) as restore:
-        whole = _global_batch(first, model.run_eagerly)
-        on_replicas = _applied_on_replicas(first)
+    warned of instead, and not measured again (returns `False`)."""
+    with measuring.restored(model, batch.step.parts.optimizers) as restore:
+        whole = measuring.global_batch(batch, model.run_eagerly)
+        on_replicas = measuring.applied_on_replicas(batch)
         if on_replicas is None:
-            return
-        run_on_one_device = _applying_on_one_device(model, whole)
+            return True
+        # In order twice (TensorFlow's own draws differ), then in another
+        # order (round-off; not where the step draws, row by row).
+        orders = [whole.data, whole.data]
+        if not on_replicas.drew:
+            orders.append(measuring.reordered(whole.data))
         runs = []
-        for _ in range(2):
+        for data in orders:
             restore()
-            runs.append(_one_device(run_on_one_device))
-    one_device, again = runs
-    if not _comparable(on_replicas, one_device):
-        return
+            runs.append(measuring.applying_on_one_device(model, batch, data))
+    one_device, again = runs[:2]
+    if not _comparable(on_replicas.gradients, one_device):
+        return True
     step = f"{type(model).__name__}.train_step"
-    if _relative_difference(again, one_device) > _gradient_rtol(model):
+    if _relative_difference(again, one_device) > _tolerance(model, None):
         warnings.warn(
             f"{step} applies other gradients on each run of one device on "
             "the same batch and weights: it draws random numbers that are "
@@ -337,17 +344,22 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
             "`keras.random.SeedGenerator` for one device's numbers.",
             stacklevel=2,
         )
-        return
-    off = _relative_difference(on_replicas, one_device)
-    if off <= _gradient_rtol(model):
-        return
-    scale = _norm(on_replicas) / max(_norm(one_device), np.finfo("float64").tiny)
+        return False
+    roundoff = None if on_replicas.drew else _relative_difference(runs[2], one_device)
+    tolerance = _tolerance(model, roundoff)
+    off = _relative_difference(on_replicas.gradients, one_device)
+    if off <= tolerance:
+        return True
+    scale = _norm(on_replicas.gradients) / max(
+        _norm(one_device), np.finfo("float64").tiny
+    )
     raise ValueError(
         f"{step} is read as one device's code, but the gradients it applies "
-        f"{_on_the_first_batch(model, whole)}, each replica's on its part "
-        "weighed by the part's share of the batch and summed, are "
-        f"{off:.3g} off (relative) one device's gradients on the whole "
-        f"batch ({scale:.3g} times their size): its loss is not a mean over "
+        f"{_where(model, batch, whole)}, each replica's on its part weighed "
+        "by the part's share of the batch and summed, are "
+        f"{off:.3g} off (relative) one device's gradients on the same "
+        f"examples ({scale:.3g} times their size; round-off: {tolerance:.2g}): "
+        "its loss is not a mean over "
         "examples. A loss of one value an example, whose gradient "
         "`tape.gradient` sums, is a sum over examples: take its mean "
         "(`ops.mean(loss)`) to write one device's code, or decorate the "
@@ -360,20 +372,41 @@ def refuse_unless_step_mean(model: keras.Model, first: FirstBatch) -> None:
     )
 
 
-def _gradient_rtol(model: keras.Model) -> float:
-    """The difference that is round-off: float32 gradients summed in another
-    order differ by about 1e-6, bfloat16's by about 3e-3 (8 bits of
-    mantissa). Eight times the compute dtype's epsilon, at least 1e-4."""
+def _tolerance(model: keras.Model, roundoff: float | None) -> float:
+    """The relative difference of two gradients that is round-off, in the
+    model's compute dtype: `_ROUNDOFF_MARGIN` times the `roundoff` measured
+    (one device's gradients on the same examples in another order), at
+    least `_ROUNDOFF_FLOOR` epsilons of the dtype; `_UNMEASURED` epsilons
+    where nothing measured it (a step that draws row by row, whose draws
+    another order would move). float64 then finds a coupling of 1e-12,
+    float32 one of about 1e-5."""
     compute = keras.backend.standardize_dtype(model.dtype_policy.compute_dtype)
-    return max(1e-4, 8 * _EPSILON.get(compute, 0.0))
+    epsilon = _EPSILON.get(compute) or float(np.finfo(compute).eps)
+    if roundoff is None:
+        return _UNMEASURED * epsilon
+    return max(_ROUNDOFF_FLOOR * epsilon, _ROUNDOFF_MARGIN * roundoff)
 
 
-_EPSILON = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+_EPSILON = {"bfloat16": 2.0**-7}
+_ROUNDOFF_MARGIN, _ROUNDOFF_FLOOR, _UNMEASURED = 32, 64, 1024
 
 
-def _on_the_first_batch(model: keras.Model, whole: Any) -> str:
+def _where(
+    model: keras.Model, batch: MeasuredBatch, whole: measuring.GlobalBatch
+) -> str:
+    """Where a measurement was taken, as messages say it."""
     replicas = model.distribute_strategy.num_replicas_in_sync
-    return f"on the first batch ({examples_in(whole)} examples on {replicas} replicas)"
+    step = "the first batch" if batch.number == 1 else f"step {batch.number}'s batch"
+    after = ""
+    if batch.number > 1:
+        after = (
+            ", the batches measured before it being exact (a term switched "
+            "on as the run went, or a mask or padding first met here)"
+        )
+    return (
+        f"on {step} ({whole.rows} of its {whole.of_rows} examples, on "
+        f"{replicas} replicas{after})"
+    )
 
 
 def _norm(gradients: list[tf.Tensor]) -> float:
@@ -393,235 +426,3 @@ def _comparable(got: list[tf.Tensor], expected: list[tf.Tensor]) -> bool:
     """Whether two runs applied gradients of the same shapes (a step whose
     updates follow its data may apply others)."""
     return bool(expected) and [g.shape for g in got] == [e.shape for e in expected]
-
-
-@contextlib.contextmanager
-def _restored(
-    model: keras.Model, optimizers: list[Any]
-) -> Iterator[Callable[[], None]]:
-    """Yields `restore()`, which sets the variables of `model` (its
-    metrics' included) and of `optimizers` back to their values on entry,
-    and those created since to their first values; called on exit too."""
-    variables = model.variables + model.metrics_variables
-    variables += [v for optimizer in optimizers for v in optimizer.variables]
-    state = [(v, v.numpy()) for v in variables]
-    created: list[tuple[Any, tf.Tensor]] = []
-
-    def noting(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
-        variable = next_creator(**kwargs)
-        with tf.init_scope():
-            created.append((variable, tf.identity(variable)))
-        return variable
-
-    def restore() -> None:
-        for variable, value in [*state, *created]:
-            variable.assign(value)
-
-    try:
-        with tf.variable_creator_scope(noting):
-            yield restore
-    finally:
-        restore()
-
-
-def _on_replicas(
-    first: FirstBatch, on_replica: Callable[[Any, bool], _T], eagerly: bool
-) -> _T:
-    """`on_replica(data, eagerly)` on every replica's part of the `first`
-    batch, traced for the iterator's batches as the step is (or run
-    `eagerly`, or where tracing asks for it: `_keras.NeedsEagerStep`);
-    replica 0's result."""
-    strategy = first.step.strategy
-
-    def on_every_replica(element: Any, eagerly: bool) -> Any:
-        return tree.map_structure(
-            lambda value: strategy.experimental_local_results(value)[0],
-            strategy.run(on_replica, (element, eagerly)),
-        )
-
-    if not eagerly:
-        # A `partial`, traced once a model (`step_function._after_first_batch`).
-        traced = tf.function(
-            functools.partial(on_every_replica, eagerly=False),
-            input_signature=[first.spec],
-            autograph=False,
-        )
-        try:
-            return traced(first.element)  # type: ignore[no-any-return]
-        except Exception as error:
-            if not _keras.needs_eager_step(error):
-                raise
-    return on_every_replica(first.element, True)  # type: ignore[no-any-return]
-
-
-def _global_batch(first: FirstBatch, eagerly: bool) -> Any:
-    """The `first` batch as one device has it: every replica's rows."""
-
-    def on_replica(data: Any, eagerly: bool) -> Any:
-        data = without_positions(optionals_to_none(data))[0]
-        with _keras.replica_step(stands_for_trace=eagerly):
-            data, _ = pad_empty_batch(data)
-            return gather.global_batch(data)
-
-    return _on_replicas(first, on_replica, eagerly)
-
-
-def _applied_on_replicas(first: FirstBatch) -> list[tf.Tensor] | None:
-    """The gradients the model's step applies on the `first` batch, its
-    replicas' summed as the step sums them (replica 0's view, one tensor a
-    variable and `apply`), or `None` when there is nothing to compare: it
-    applies nothing, applies in shares (declared as it runs, or through
-    keras_ctl's own steps), assigns batch statistics from each replica's
-    own examples (each replica's normalization is not one device's;
-    `batch_statistics` warns of them), or draws each replica's own random
-    numbers (`random_draws="per_replica"`, or XLA's default)."""
-    lock = threading.Lock()
-    read_as_one_device: list[bool] = []
-    traces: list[Trace] = []
-
-    def on_replica(data: Any, eagerly: bool) -> list[tf.Tensor]:
-        _, trace = first.step.on_replica(data, eagerly)
-        applied = noted.pop(threading.get_ident(), [])
-        with lock:
-            read_as_one_device.extend(a.read_as_one_device for a in applied)
-            traces.append(trace)
-        return _flat_gradients(applied)
-
-    with _keras.applies_captured() as noted:
-        gradients = _on_replicas(first, on_replica, first.eagerly)
-    if not read_as_one_device or not all(read_as_one_device):
-        return None
-    if any(trace.statistics for trace in traces):
-        return None
-    if not first.step.draws_as_one_device and any(trace.drew for trace in traces):
-        return None
-    return gradients
-
-
-def _applying_on_one_device(
-    model: keras.Model, batch: Any
-) -> Callable[[], list[tf.Tensor]]:
-    """`run()`: the gradients the model's `train_step` applies on `batch`
-    on one device, traced once for any number of examples (as the step
-    is): a second run draws the next numbers of TensorFlow's own random
-    ops, as a second step would."""
-    traced: list[Callable[[Any], list[tf.Tensor]]] = []
-
-    def run() -> list[tf.Tensor]:
-        with _keras.applies_captured() as noted:
-
-            def applied(batch: Any) -> list[tf.Tensor]:
-                # A `train_step` decorated with `tf.function` applies in
-                # this trace, whose outputs the gradients can be.
-                with _keras.users_functions_inlined():
-                    model.train_step(batch)
-                return _flat_gradients(noted.pop(threading.get_ident(), []))
-
-            if model.run_eagerly:
-                return applied(batch)
-            if not traced:
-                spec = [_any_rows(batch)]
-                # A `partial`, traced once a model (`_on_replicas`).
-                applied_once = functools.partial(applied)
-                traced.append(tf.function(applied_once, input_signature=spec))
-            return traced[0](batch)
-
-    return run
-
-
-def _any_rows(structure: Any) -> Any:
-    """The specs of `structure`'s tensors for any number of rows."""
-    return tree.map_structure(
-        lambda t: t if t is None else tf.TensorSpec([None, *t.shape[1:]], t.dtype),
-        structure,
-    )
-
-
-def _flat_gradients(applied: list[_keras.Applied]) -> list[tf.Tensor]:
-    """The gradients of every `apply`, in order; a variable without one
-    (`None`) as a scalar 0."""
-    return [
-        tf.zeros(()) if g is None else g for each in applied for g in each.gradients
-    ]
-
-
-def _summed_across_replicas(
-    model: keras.Model, first: FirstBatch
-) -> tuple[list[tf.Tensor], Any]:
-    """`(gradients, batch)`: the gradients of the model's trainable weights
-    that the default step sums across replicas on the `first` batch, and
-    the global batch `(x, y, sample_weight)` (the replicas' rows
-    gathered)."""
-    weights = model.trainable_weights
-
-    def on_replica(data: Any, eagerly: bool) -> tuple[list[tf.Tensor], Any]:
-        data = without_positions(optionals_to_none(data))[0]
-        # Keras's losses exact, as in the step.
-        with _keras.replica_step(stands_for_trace=eagerly):
-            data, batch_size = pad_empty_batch(data)
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-            with tf.GradientTape() as tape:
-                step = forward.forward_and_loss(
-                    model, x, y, sample_weight, batch_size, training=False
-                )
-            gradients = _dense(tape.gradient(step.loss, weights), weights)
-            context = tf.distribute.get_replica_context()
-            summed = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-            return summed, gather.global_batch((x, y, sample_weight))
-
-    return _on_replicas(first, on_replica, model.run_eagerly)
-
-
-def _gradients_on_one_device(model: keras.Model, batch: Any) -> list[tf.Tensor]:
-    """One device's gradients of the model's `compute_loss` on `batch`,
-    `(x, y, sample_weight)`, traced for any number of examples (as the
-    step is)."""
-    weights = model.trainable_weights
-    given = [i for i, part in enumerate(batch) if part is not None]
-
-    def gradients(*parts: Any) -> list[tf.Tensor]:
-        x, y, sample_weight = (
-            parts[given.index(i)] if i in given else None for i in range(3)
-        )
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=False)
-            loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, False)
-            # A loss of several values is read as their mean, as in the step.
-            loss = tf.reduce_mean(tf.cast(loss, weights[0].dtype))
-        return _dense(tape.gradient(loss, weights), weights)
-
-    parts = [batch[i] for i in given]
-    if model.run_eagerly:
-        return gradients(*parts)
-    traced = tf.function(
-        functools.partial(gradients), input_signature=_any_rows(parts), autograph=False
-    )
-    return traced(*parts)  # type: ignore[no-any-return]
-
-
-def _dense(gradients: list[Any], weights: list[Any]) -> list[tf.Tensor]:
-    return [
-        tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
-        for w, g in zip(weights, gradients)
-    ]
-
-
-def _one_device(function: Callable[..., _T], *args: Any) -> _T:
-    """`function(*args)` in a thread of its own, where no strategy's scope
-    is entered: Keras computes as on one device there (a strategy's scope
-    divides its losses by the replica count). Raises what it raises."""
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = function(*args)
-        except BaseException as error:  # raised again by the caller
-            result["error"] = error
-
-    thread = threading.Thread(target=run, name="keras_ctl-one-device")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    value: _T = result["value"]
-    return value

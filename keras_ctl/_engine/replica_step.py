@@ -64,8 +64,9 @@ class StepParts(NamedTuple):
         warns_of_replica_draws: Whether a training step that draws, each
             replica its own numbers, is warned of
             (`random_draws.warns_of_replica_draws`).
-        first_batch_check: Called with the `FirstBatch` the function
-            reads, before any step runs on it, or `None` (`loss_mean`).
+        measurement: Called with a `MeasuredBatch` the function reads,
+            before any step runs on it, or `None` (`loss_mean`); returns
+            whether to measure later batches too.
     """
 
     strategy: tf.distribute.Strategy
@@ -78,7 +79,7 @@ class StepParts(NamedTuple):
     warns_of_replica_draws: bool = False
     step_name: str = "the step"
     weights: Callable[[], list[Any]] = list
-    first_batch_check: Callable[[FirstBatch], None] | None = None
+    measurement: Callable[[MeasuredBatch], bool] | None = None
 
 
 @dataclasses.dataclass
@@ -254,9 +255,9 @@ class ReplicaStep:
         return self._replica(data, trace), trace
 
 
-class FirstBatch(NamedTuple):
-    """The first batch a train or test function reads, before any step
-    runs on it (`StepParts.first_batch_check`).
+class MeasuredBatch(NamedTuple):
+    """A batch a train or test function reads, before any step runs on it
+    (`StepParts.measurement`).
 
     Attributes:
         element: The batch, as the strategy distributed it.
@@ -265,12 +266,18 @@ class FirstBatch(NamedTuple):
         step: The function's `ReplicaStep`.
         eagerly: Whether the call's first step runs eagerly (it builds
             state, or the model runs eagerly).
+        number: The number of the step that runs on it, counted over the
+            function's calls from 1.
+        traced: The functions measurements traced, kept by the function
+            for the next measurement (`measuring.on_replicas`).
     """
 
     element: Any
     spec: Any
     step: ReplicaStep
     eagerly: bool
+    number: int
+    traced: dict[Any, Any]
 
 
 def _reduced_already(outputs: Any) -> bool:

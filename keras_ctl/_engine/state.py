@@ -51,9 +51,14 @@ class EngineState:
         logged_metric_names: The keys a `compute_metrics` of the model's
             own returned, noted as the step is traced (Keras logs those),
             or `None`.
+        calls: The model's `fit()` and `evaluate()` calls so far (a
+            validation within `fit()` is not one): a step function
+            measures its step at each call's first step
+            (`measurement_schedule`).
         loss_readings: How each compiled loss of the user's own (by its
             id) is read when it returns one value for the batch, as
-            measured on the first batch (`loss_mean.read_compiled_losses`):
+            measured on the first batch measured
+            (`loss_mean.read_compiled_losses`):
             `"mean"` or `"share"`.
     """
 
@@ -69,6 +74,7 @@ class EngineState:
     train_pass: CompiledPass | None = None
     test_pass: CompiledPass | None = None
     logged_metric_names: list[str] | None = None
+    calls: int = 0
     loss_readings: dict[int, str] = dataclasses.field(default_factory=dict)
     predicted_batches: int = 0
 

@@ -7,8 +7,9 @@ For each call (one execution of up to `steps_per_execution` steps):
     loop = counted, when the number of batches left is known (arrays, a
            dataset's cardinality); else checked (asks before each batch);
            the first call runs eagerly when the step builds state;
-           its first batch is read and checked first when the step has
-           a check (`loss_mean`), then trained on
+           its first batch is read and measured first when the step has
+           a measurement (`loss_mean`) and the schedule says so
+           (`measurement_schedule`), then trained on
     logs = loop(iterator)      # steps, then one reduction of the last logs
     return logs, with a preemption notice shared by every worker
 
@@ -34,8 +35,9 @@ from keras_ctl import _keras
 from keras_ctl._engine import errors
 from keras_ctl._engine import loop
 from keras_ctl._engine.autograph import not_converted
+from keras_ctl._engine.measurement_schedule import MeasurementSchedule
 from keras_ctl._engine.plan import StepPlan
-from keras_ctl._engine.replica_step import FirstBatch
+from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._engine.replica_step import ReplicaStep
 from keras_ctl._engine.replica_step import StepParts
 from keras_ctl._keras.iterators import DeferredIterator
@@ -77,9 +79,12 @@ class StepFunction:
         self._steps = plan.steps_per_execution
         self._run_eagerly = plan.run_eagerly
         self._first_call = True
-        self._first_batch_check = parts.first_batch_check
-        # For the first call when its first batch was read before it.
-        self._one: Callable[[Any], Any] | None = None
+        self._measurement = parts.measurement
+        self._schedule = MeasurementSchedule(parts.state)
+        # What measurements traced, for the next (`measuring.on_replicas`).
+        self._measurement_traces: dict[Any, Any] = {}
+        # For a call whose first batch was read before it.
+        self._one: dict[str, Callable[[Any], Any]] = {}
         self._checked_after_first: Callable[[Any], Any] | None = None
         self._counts: dict[int, tf.Tensor] = {}
         self._scheduled: dict[int, Any] = {}
@@ -127,13 +132,22 @@ class StepFunction:
         if isinstance(deferred, DeferredIterator):
             count = deferred.batches_for_call(self._steps)
         loop_for_call = self._loop_for(count)
-        check, self._first_batch_check = self._first_batch_check, None
-        if check is not None:
-            # The first batch, read and checked before any step runs on it.
+        spec = iterator.element_spec
+        number = None if self._measurement is None else self._schedule.due(spec)
+        if number is not None:
+            # The batch, read and measured before any step runs on it.
             iterator = _FirstBatchRead(iterator)
             eagerly = loop_for_call is self._eager or self._run_eagerly
-            spec = iterator.iterator.element_spec
-            check(FirstBatch(iterator.first, spec, self._step, eagerly))
+            batch = MeasuredBatch(
+                iterator.first,
+                spec,
+                self._step,
+                eagerly,
+                number,
+                self._measurement_traces,
+            )
+            again = self._measurement(batch)
+            self._schedule.measured(number, spec, again)
             if not eagerly:
                 loop_for_call = functools.partial(self._after_first_batch, count=count)
         try:
@@ -148,6 +162,7 @@ class StepFunction:
             logs = _explaining_errors(self._eager, iterator, self._step)
         if count is not None:
             deferred.took(count)
+        self._schedule.ran(self._steps if count is None else count)
         return logs
 
     def _loop_for(self, count: int | None) -> Callable[[Any], Any]:
@@ -169,17 +184,17 @@ class StepFunction:
         """The call's steps, traced: the first on the batch `read` holds,
         then the others (`count - 1`, or up to `steps_per_execution - 1`
         while the data lasts) from its iterator."""
-        if self._one is None:
-            # Traced for the iterator's batches (a dynamic batch size), as
-            # the other steps are, not for the shapes of the one read.
-            spec = read.iterator.element_spec
-
+        # Traced for the iterator's batches (a dynamic batch size), as the
+        # other steps are, not for the shapes of the one read.
+        spec = read.iterator.element_spec
+        one = self._one.get(repr(spec))
+        if one is None:
             # A `partial`: TensorFlow counts the traces of every function
             # of one code together, and warns of retracing when models are
             # made one after another (a tuner's trials).
-            one = functools.partial(not_converted(self._step.one))
-            self._one = tf.function(one, input_signature=[spec])
-        logs = self._one(read.get_next())
+            step = functools.partial(not_converted(self._step.one))
+            one = self._one[repr(spec)] = tf.function(step, input_signature=[spec])
+        logs = one(read.get_next())
         if count is not None:
             if count > 1:
                 logs = self._counted(read.iterator, count=tf.constant(count - 1))

@@ -41,7 +41,7 @@ def test_a_compiled_loss_coupling_the_batch_is_refused_by_name():
         compiled_losses.run("coupled", keras_ctl.CTLModel, devices.get("mirrored"))
     message = str(error.value)
     assert "(Coupled) is neither a mean nor a sum over examples" in message
-    assert "measured on a batch of 8" in message
+    assert "measured on a batch of 4" in message
     assert 'compute_loss_over="global_batch"' in message
 
 

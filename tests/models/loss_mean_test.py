@@ -101,16 +101,20 @@ def test_a_loss_that_is_not_a_mean_is_refused_before_training(kind, found):
     message = str(refused.value)
     assert message.startswith(
         "OwnLoss.compute_loss is not a mean over examples: on the first batch "
-        f"({BATCH} examples on 2 replicas), the gradient of each replica's loss "
+        f"({BATCH // 2} of its {BATCH} examples, on 2 replicas), the gradient of "
+        "each replica's loss "
     )
     off = float(message.split(" off (relative)")[0].split()[-1])
     assert off > 0.01
     assert found in message
     assert 'compute_loss_over="global_batch"' in message
     assert 'compute_loss_over="replica_batch"' in message
-    # Measured on the first batch; nothing trained.
+    # Measured on the first batch's slices (each replica's first 2 of its 4
+    # examples: within a replica's memory); nothing trained.
     with configurations.computing_in("float64"):
-        x, y, weights = next(iter(shuffled_dataset()))
+        x, y, weights = (
+            tf.gather(t, [0, 1, 4, 5]) for t in next(iter(shuffled_dataset()))
+        )
         one_device = built(devices.get("default"), kind, keras.Model)
         whole = float(one_device.compute_loss(x, y, one_device(x), weights))
     assert f"it is {whole:.6g} on the whole batch" in message

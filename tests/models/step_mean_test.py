@@ -109,10 +109,10 @@ def test_a_sum_over_examples_is_refused_before_training():
     message = str(refused.value)
     assert message.startswith(
         "OwnStep.train_step is read as one device's code, but the gradients it "
-        f"applies on the first batch ({BATCH} examples on 2 replicas), each "
-        "replica's on its part weighed by the part's share of the batch and "
-        "summed, are 0.5 off (relative) one device's gradients on the whole "
-        "batch (0.5 times their size): its loss is not a mean over examples."
+        f"applies on the first batch ({BATCH // 2} of its {BATCH} examples, on 2 "
+        "replicas), each replica's on its part weighed by the part's share of "
+        "the batch and summed, are 0.5 off (relative) one device's gradients "
+        "on the same examples (0.5 times their size; round-off: "
     )
     for choice in (
         "`ops.mean(loss)`",

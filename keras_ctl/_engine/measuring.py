@@ -1,0 +1,402 @@
+"""How a batch is measured: what the replicas' step makes of it and what
+one device makes of the same examples, within a step's memory, each
+function traced once.
+
+A measurement (`loss_mean`) reads a `MeasuredBatch`, the batch a train or
+test function is about to run as the strategy distributed it. Each replica
+keeps its first `k` rows, `k` the largest replica's part divided by the
+replica count (at least one row): the examples measured, gathered, are no
+more than the largest replica's part (`sliced`), so one device's run on
+them needs no more memory than a step. Every function a measurement runs
+is traced once per name and batch spec and kept in the batch's `traced`
+(its step function's), so a later measurement runs what the first traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+from typing import NamedTuple
+from typing import TypeVar
+
+import keras
+import tensorflow as tf
+from keras import tree
+
+from keras_ctl import _keras
+from keras_ctl._engine import forward
+from keras_ctl._engine import gather
+from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl._engine.replica_step import MeasuredBatch
+from keras_ctl._engine.replica_step import optionals_to_none
+from keras_ctl._keras.iterators import without_positions
+
+_T = TypeVar("_T")
+
+
+class Measured(NamedTuple):
+    """What `on_replicas` gives: replica 0's `result`, the `notes` tracing
+    wrote down, and the examples of the batch the slices were cut from."""
+
+    result: Any
+    notes: Any
+    of_rows: int
+
+
+def on_replicas(
+    batch: MeasuredBatch,
+    name: str,
+    make: Callable[[], tuple[Callable[[Any, bool], Any], Any]],
+    eagerly: bool | None = None,
+) -> Measured:
+    """`on_replica(data, eagerly)` on every replica's slice of `batch`
+    (`sliced`), where `make()` gives `(on_replica, notes)`, the notes what
+    tracing `on_replica` writes down. Traced once for the batch's spec and
+    `name` (or run `eagerly`, by default as the batch's step runs, or
+    where tracing asks for it: `_keras.NeedsEagerStep`)."""
+    strategy = batch.step.strategy
+    eagerly = batch.eagerly if eagerly is None else eagerly
+
+    def on_every_replica(
+        on_replica: Callable[[Any, bool], Any], element: Any, eagerly: bool
+    ) -> Any:
+        def run(data: Any) -> Any:
+            data, of_rows = sliced(data)
+            return on_replica(data, eagerly), of_rows
+
+        return tree.map_structure(
+            lambda value: strategy.experimental_local_results(value)[0],
+            strategy.run(run, (element,)),
+        )
+
+    if not eagerly:
+        key = (name, repr(batch.spec))
+        if key not in batch.traced:
+            on_replica, notes = make()
+            # A `partial`, traced once a model (`step_function._after_first_batch`).
+            traced = tf.function(
+                functools.partial(on_every_replica, on_replica, eagerly=False),
+                input_signature=[batch.spec],
+                autograph=False,
+            )
+            batch.traced[key] = traced, notes
+        traced, notes = batch.traced[key]
+        try:
+            result, of_rows = traced_call(traced, batch.element)
+            return Measured(result, notes, int(of_rows))
+        except Exception as error:
+            if not _keras.needs_eager_step(error):
+                raise
+            del batch.traced[key]
+    on_replica, notes = make()
+    result, of_rows = on_every_replica(on_replica, batch.element, True)
+    return Measured(result, notes, int(of_rows))
+
+
+def sliced(data: Any) -> tuple[Any, tf.Tensor]:
+    """`(slice, rows)`: this replica's first `k` examples of its `data`,
+    `k` the largest replica's examples divided by the replica count, at
+    least 1, and the examples of every replica (one all-gather of their
+    counts). Without the positions `data` may carry: the step asks for its
+    slice's. All of `data` where a part is not a dense or ragged tensor."""
+    data = without_positions(optionals_to_none(data))[0]
+    leaves = [leaf for leaf in tree.flatten(data) if leaf is not None]
+    context = tf.distribute.get_replica_context()
+    rows = tf.shape(leaves[0], out_type=tf.int32)[0] if leaves else tf.constant(0)
+    counts = context.all_gather(tf.reshape(rows, [1]), axis=0)
+    if not leaves or not all(_sliceable(leaf) for leaf in leaves):
+        return data, tf.reduce_sum(counts)
+    k = tf.maximum(tf.reduce_max(counts) // context.num_replicas_in_sync, 1)
+    return tree.map_structure(
+        lambda t: t if t is None or t.shape.rank == 0 else t[:k], data
+    ), tf.reduce_sum(counts)
+
+
+def _sliceable(leaf: Any) -> bool:
+    return isinstance(leaf, (tf.Tensor, tf.RaggedTensor)) and leaf.shape.rank != 0
+
+
+class AppliedOnReplicas(NamedTuple):
+    """The gradients a step applies on the slices measured, its replicas'
+    summed as the step sums them, and whether it drew random numbers."""
+
+    gradients: list[tf.Tensor]
+    drew: bool
+
+
+class GlobalBatch(NamedTuple):
+    """The examples measured, as one device has them: `data`, the
+    structure the step reads, every replica's slice gathered; `rows`, its
+    examples; `of_rows`, the examples of the batch it was cut from."""
+
+    data: Any
+    rows: int
+    of_rows: int
+
+
+def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
+    """The examples measured of `batch`, as one device has them."""
+
+    def make() -> tuple[Callable[[Any, bool], Any], None]:
+        def on_replica(data: Any, eagerly: bool) -> Any:
+            with _keras.replica_step(stands_for_trace=eagerly):
+                data, _ = pad_empty_batch(data)
+                return gather.global_batch(data)
+
+        return on_replica, None
+
+    measured = on_replicas(batch, "global_batch", make, eagerly)
+    return GlobalBatch(measured.result, examples_in(measured.result), measured.of_rows)
+
+
+def examples_in(batch: Any) -> int:
+    """The number of examples of `batch`: the rows of its first input."""
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(batch))
+    return int(tree.flatten(x)[0].shape[0])
+
+
+def reordered(batch: Any) -> Any:
+    """`batch` with its examples in reverse order: one device's run on it
+    differs from the run in order by round-off only, for a step that draws
+    nothing."""
+    return tree.map_structure(
+        lambda t: t if t is None or t.shape.rank == 0 else tf.reverse(t, [0]), batch
+    )
+
+
+def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
+    """The gradients the model's step applies on the slices of `batch`,
+    its replicas' summed as the step sums them (replica 0's view, one
+    tensor a variable and `apply`), or `None` when there is nothing to
+    compare: it applies nothing, applies in shares (declared as it runs,
+    or through keras_ctl's own steps), assigns batch statistics from each
+    replica's own examples (each replica's normalization is not one
+    device's; `batch_statistics` warns of them), or draws each replica's
+    own random numbers (`random_draws="per_replica"`, or XLA's default)."""
+
+    def make() -> tuple[Callable[[Any, bool], Any], dict[str, list[Any]]]:
+        # Made while `applies_captured` notes the applies in `noted`.
+        lock = threading.Lock()
+        notes: dict[str, list[Any]] = {"read_as_one_device": [], "traces": []}
+
+        def on_replica(data: Any, eagerly: bool) -> list[tf.Tensor]:
+            _, trace = batch.step.on_replica(data, eagerly)
+            applied = noted.pop(threading.get_ident(), [])
+            with lock:
+                notes["read_as_one_device"] += [a.read_as_one_device for a in applied]
+                notes["traces"].append(trace)
+            return flat_gradients(applied)
+
+        return on_replica, notes
+
+    with _keras.applies_captured() as noted:
+        measured = on_replicas(batch, "applied", make)
+    read_as_one_device, traces = measured.notes.values()
+    if not read_as_one_device or not all(read_as_one_device):
+        return None
+    if any(trace.statistics for trace in traces):
+        return None
+    drew = any(trace.drew for trace in traces)
+    if drew and not batch.step.draws_as_one_device:
+        return None
+    return AppliedOnReplicas(measured.result, drew)
+
+
+def applying_on_one_device(
+    model: keras.Model, batch: MeasuredBatch, data: Any
+) -> list[tf.Tensor]:
+    """The gradients the model's `train_step` applies on `data` on one
+    device, traced once for any number of examples (as the step is): a
+    second run draws the next numbers of TensorFlow's own random ops, as a
+    second step would."""
+
+    capture: dict[str, dict[int, list[_keras.Applied]]] = {}
+
+    def applied(data: Any) -> list[tf.Tensor]:
+        # A `train_step` decorated with `tf.function` applies in this
+        # trace, whose outputs the gradients can be.
+        with _keras.users_functions_inlined():
+            model.train_step(data)
+        return flat_gradients(capture["noted"].pop(threading.get_ident(), []))
+
+    def run() -> list[tf.Tensor]:
+        with _keras.applies_captured() as noted:
+            capture["noted"] = noted
+            if model.run_eagerly:
+                return applied(data)
+            key = ("applying_on_one_device", repr(any_rows(data)))
+            if key not in batch.traced:
+                # A `partial`, traced once a model (`on_replicas`).
+                batch.traced[key] = tf.function(
+                    functools.partial(applied), input_signature=[any_rows(data)]
+                )
+            return traced_call(batch.traced[key], data)  # type: ignore[no-any-return]
+
+    return one_device(run)
+
+
+def summed_across_replicas(
+    model: keras.Model, batch: MeasuredBatch
+) -> tuple[list[tf.Tensor], GlobalBatch]:
+    """`(gradients, batch)`: the gradients of the model's trainable weights
+    that the default step sums across replicas on the slices of `batch`,
+    and the examples measured, `(x, y, sample_weight)`."""
+    weights = model.trainable_weights
+
+    def make() -> tuple[Callable[[Any, bool], Any], None]:
+        def on_replica(data: Any, eagerly: bool) -> tuple[list[tf.Tensor], Any]:
+            # Keras's losses exact, as in the step.
+            with _keras.replica_step(stands_for_trace=eagerly):
+                data, batch_size = pad_empty_batch(data)
+                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+                with tf.GradientTape() as tape:
+                    step = forward.forward_and_loss(
+                        model, x, y, sample_weight, batch_size, training=False
+                    )
+                gradients = dense(tape.gradient(step.loss, weights), weights)
+                context = tf.distribute.get_replica_context()
+                summed = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+                return summed, gather.global_batch((x, y, sample_weight))
+
+        return on_replica, None
+
+    measured = on_replicas(batch, "summed_across_replicas", make, model.run_eagerly)
+    gradients, data = measured.result
+    return gradients, GlobalBatch(data, examples_in(data), measured.of_rows)
+
+
+def gradients_on_one_device(
+    model: keras.Model, batch: MeasuredBatch, data: Any
+) -> list[tf.Tensor]:
+    """One device's gradients of the model's `compute_loss` on `data`,
+    `(x, y, sample_weight)`, traced once for any number of examples (as
+    the step is)."""
+    weights = model.trainable_weights
+    given = [i for i, part in enumerate(data) if part is not None]
+
+    def gradients(*parts: Any) -> list[tf.Tensor]:
+        x, y, sample_weight = (
+            parts[given.index(i)] if i in given else None for i in range(3)
+        )
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=False)
+            loss = _keras.user_compute_loss(model, x, y, y_pred, sample_weight, False)
+            # A loss of several values is read as their mean, as in the step.
+            loss = tf.reduce_mean(tf.cast(loss, weights[0].dtype))
+        return dense(tape.gradient(loss, weights), weights)
+
+    parts = [data[i] for i in given]
+
+    def run() -> list[tf.Tensor]:
+        if model.run_eagerly:
+            return gradients(*parts)
+        key = ("gradients_on_one_device", repr(any_rows(parts)))
+        if key not in batch.traced:
+            batch.traced[key] = tf.function(
+                functools.partial(gradients),
+                input_signature=any_rows(parts),
+                autograph=False,
+            )
+        return traced_call(batch.traced[key], *parts)  # type: ignore[no-any-return]
+
+    return one_device(run)
+
+
+def any_rows(structure: Any) -> Any:
+    """The specs of `structure`'s tensors for any number of rows."""
+    return tree.map_structure(
+        lambda t: t if t is None else tf.TensorSpec([None, *t.shape[1:]], t.dtype),
+        structure,
+    )
+
+
+def flat_gradients(applied: list[_keras.Applied]) -> list[tf.Tensor]:
+    """The gradients of every `apply`, in order; a variable without one
+    (`None`) as a scalar 0."""
+    return [
+        tf.zeros(()) if g is None else g for each in applied for g in each.gradients
+    ]
+
+
+def dense(gradients: list[Any], weights: list[Any]) -> list[tf.Tensor]:
+    return [
+        tf.zeros_like(w) if g is None else tf.convert_to_tensor(g)
+        for w, g in zip(weights, gradients)
+    ]
+
+
+@contextlib.contextmanager
+def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[], None]]:
+    """Yields `restore()`, which sets the variables of `model` (its
+    metrics' included) and of `optimizers`, and every variable a function
+    the measurement traces reads (`traced_call`: a `tf.Variable` a step
+    keeps of its own), back to their values on entry, and those created
+    since to their first values; called on exit too."""
+    variables = model.variables + model.metrics_variables
+    variables += [v for optimizer in optimizers for v in optimizer.variables]
+    state: dict[int, tuple[Any, Any]] = {}
+    created: list[tuple[Any, tf.Tensor]] = []
+
+    def keep(variables: list[Any]) -> None:
+        for variable in variables:
+            if id(variable) not in state:
+                state[id(variable)] = variable, variable.numpy()
+
+    def noting(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+        variable = next_creator(**kwargs)
+        with tf.init_scope():
+            created.append((variable, tf.identity(variable)))
+        state[id(variable)] = variable, None
+        return variable
+
+    def restore() -> None:
+        for variable, value in [*state.values(), *created]:
+            if value is not None:
+                variable.assign(value)
+
+    keep(variables)
+    _keeping.append(keep)
+    try:
+        with tf.variable_creator_scope(noting):
+            yield restore
+    finally:
+        _keeping.remove(keep)
+        restore()
+
+
+# The `keep(variables)` of the `restored` blocks entered.
+_keeping: list[Callable[[list[Any]], None]] = []
+
+
+def traced_call(function: Any, *args: Any) -> Any:
+    """`function(*args)`, a `tf.function`, the variables its trace reads
+    kept first by the `restored` blocks entered."""
+    concrete = function.get_concrete_function(*args)
+    for keep in _keeping:
+        keep(list(concrete.graph.variables))
+    return function(*args)
+
+
+def one_device(function: Callable[..., _T], *args: Any) -> _T:
+    """`function(*args)` in a thread of its own, where no strategy's scope
+    is entered: Keras computes as on one device there (a strategy's scope
+    divides its losses by the replica count). Raises what it raises."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = function(*args)
+        except BaseException as error:  # raised again by the caller
+            result["error"] = error
+
+    thread = threading.Thread(target=run, name="keras_ctl-one-device")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    value: _T = result["value"]
+    return value
