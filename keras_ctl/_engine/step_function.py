@@ -219,13 +219,14 @@ class StepFunction:
 
     def graphs(self) -> list[tf.Graph]:
         """The graphs traced so far: those running a known number of steps
-        first, then those that check for data at every step."""
+        first, then those that check for data at every step, then those
+        running the one step of a measured batch."""
         return [
             concrete.graph
             for function in (self._counted, self._checked)
             if isinstance(function, _ConcreteDispatch)  # not run eagerly
             for concrete in function.concrete.values()
-        ]
+        ] + [one.get_concrete_function().graph for one in self._one.values()]
 
 
 class _FirstBatchRead:
