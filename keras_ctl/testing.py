@@ -377,8 +377,9 @@ def _measured_loss(model: keras.Model, batch: Any) -> str | None:
     """How the model's `compute_loss` on `batch` differs from a mean over
     examples, with the remedy; `None` when it is one (to 1e-5)."""
     from keras_ctl._engine import loss_mean
+    from keras_ctl._engine import measuring
 
-    rows = loss_mean.examples_in(batch)
+    rows = measuring.examples_in(batch)
     if rows < 2:
         raise ValueError(
             "Expected `batch` to hold at least two examples (its halves are "

@@ -1,5 +1,6 @@
-"""Whether the user's loss is a mean over examples, measured on the first
-batch before any step trains on it (`check_for`).
+"""Whether the user's loss is a mean over examples, measured on a batch
+before any step trains on it (`check_for`), at the steps
+`measurement_schedule` says.
 
 Under R replicas each replica's loss on its part of the batch is weighed
 by that part's share of the global batch: the default steps weigh a
@@ -13,14 +14,16 @@ which `tape.gradient` sums) or a loss that couples the batch's examples
 hand), and nothing in how it is spelled says which. So what runs is
 compared: the gradients the replicas' weighted losses sum to (for a step,
 what it would apply: `_keras.applies_captured`), against one device's on
-the whole batch (`refuse_unless_mean`, `refuse_unless_step_mean`). The
-loss on the whole batch and on its halves (`measure`, also the parity
-kit's) says which kind a refused `compute_loss` is.
+the same examples (`refuse_unless_mean`, `refuse_unless_step_mean`;
+`measuring` runs both on each replica's slice), past the round-off
+measured (`_tolerance`). The loss on the examples and on their halves
+(`measure`, also the parity kit's) says which kind a refused
+`compute_loss` is.
 
 `compile(compute_loss_over=...)` decides: `None` (the default) measures
-the first batch of the first `fit()` or `evaluate()` under several
-replicas (a step of one's own: of `fit()`) and refuses a loss that is not
-a mean, naming the numbers and the choices; `"replica_batch"` runs it on
+batches of `fit()` and `evaluate()` under several replicas (a step of
+one's own: of `fit()`) and refuses a loss that is not a mean, naming the
+numbers and the choices; `"replica_batch"` runs it on
 each replica's part as written; `"global_batch"` computes a `compute_loss`
 over the global batch, as one device does.
 """
@@ -42,7 +45,6 @@ from keras_ctl import _keras
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import measuring
 from keras_ctl._engine import state as engine_state
-from keras_ctl._engine.measuring import examples_in
 from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_function
@@ -102,7 +104,7 @@ def measure(model: keras.Model, batch: Any) -> Measurement | None:
     step, where it is measured, each half would be a batch of its own.
     The model's variables and metrics are as they were afterwards."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(tuple(batch))
-    rows = examples_in(batch)
+    rows = measuring.examples_in(batch)
     if rows < 2:
         return None
     variables = model.variables + model.metrics_variables
@@ -240,7 +242,7 @@ def _compiled_loss_measurements(
     user's own on `batch` (none for a batch of fewer than 2 examples, or
     a compiled loss Keras has not built)."""
     x, y, _ = keras.utils.unpack_x_y_sample_weight(tuple(batch))
-    rows = examples_in(batch)
+    rows = measuring.examples_in(batch)
     compile_loss = _keras.compile_loss(model)
     if rows < 2 or not compile_loss.built:
         return []

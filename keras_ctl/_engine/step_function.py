@@ -84,7 +84,7 @@ class StepFunction:
         # What measurements traced, for the next (`measuring.on_replicas`).
         self._measurement_traces: dict[Any, Any] = {}
         # For a call whose first batch was read before it.
-        self._one: dict[str, Callable[[Any], Any]] = {}
+        self._one: dict[str, Any] = {}  # `tf.function`s by batch spec
         self._checked_after_first: Callable[[Any], Any] | None = None
         self._counts: dict[int, tf.Tensor] = {}
         self._scheduled: dict[int, Any] = {}
@@ -133,8 +133,9 @@ class StepFunction:
             count = deferred.batches_for_call(self._steps)
         loop_for_call = self._loop_for(count)
         spec = iterator.element_spec
-        number = None if self._measurement is None else self._schedule.due(spec)
-        if number is not None:
+        measurement = self._measurement
+        number = None if measurement is None else self._schedule.due(spec)
+        if measurement is not None and number is not None:
             # The batch, read and measured before any step runs on it.
             iterator = _FirstBatchRead(iterator)
             eagerly = loop_for_call is self._eager or self._run_eagerly
@@ -146,7 +147,7 @@ class StepFunction:
                 number,
                 self._measurement_traces,
             )
-            again = self._measurement(batch)
+            again = measurement(batch)
             self._schedule.measured(number, spec, again)
             if not eagerly:
                 loop_for_call = functools.partial(self._after_first_batch, count=count)
