@@ -154,9 +154,9 @@ def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
 
 
 def examples_in(batch: Any) -> int:
-    """The number of examples of `batch`: the rows of its first input."""
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(tuple(batch))
-    return int(tree.flatten(x)[0].shape[0])
+    """The number of examples of `batch` (any structure a step reads): the
+    rows of its first tensor."""
+    return int([t for t in tree.flatten(batch) if t is not None][0].shape[0])
 
 
 def reordered(batch: Any) -> Any:
