@@ -33,6 +33,7 @@ from keras_ctl._engine import gather
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._engine.replica_step import optionals_to_none
+from keras_ctl._keras.iterators import PositionedBatch
 from keras_ctl._keras.iterators import without_positions
 
 _T = TypeVar("_T")
@@ -101,19 +102,27 @@ def sliced(data: Any) -> tuple[Any, tf.Tensor]:
     """`(slice, rows)`: this replica's first `k` examples of its `data`,
     `k` the largest replica's examples divided by the replica count, at
     least 1, and the examples of every replica (one all-gather of their
-    counts). Without the positions `data` may carry: the step asks for its
-    slice's. All of `data` where a part is not a dense or ragged tensor."""
-    data = without_positions(optionals_to_none(data))[0]
-    leaves = [leaf for leaf in tree.flatten(data) if leaf is not None]
+    counts). Positions, where `data` carries them, are the slice's in the
+    slices gathered (where one device draws for them). All of `data` where
+    a part is not a dense or ragged tensor."""
+    batch, positions = without_positions(optionals_to_none(data))
+    leaves = [leaf for leaf in tree.flatten(batch) if leaf is not None]
     context = tf.distribute.get_replica_context()
     rows = tf.shape(leaves[0], out_type=tf.int32)[0] if leaves else tf.constant(0)
     counts = context.all_gather(tf.reshape(rows, [1]), axis=0)
     if not leaves or not all(_sliceable(leaf) for leaf in leaves):
-        return data, tf.reduce_sum(counts)
+        return optionals_to_none(data), tf.reduce_sum(counts)
     k = tf.maximum(tf.reduce_max(counts) // context.num_replicas_in_sync, 1)
-    return tree.map_structure(
-        lambda t: t if t is None or t.shape.rank == 0 else t[:k], data
-    ), tf.reduce_sum(counts)
+    batch = tree.map_structure(
+        lambda t: t if t is None or t.shape.rank == 0 else t[:k], batch
+    )
+    if positions is not None:
+        kept = tf.minimum(counts, k)
+        before = tf.reduce_sum(kept[: context.replica_id_in_sync_group])
+        batch = PositionedBatch(
+            batch, before + tf.range(kept[context.replica_id_in_sync_group])
+        )
+    return batch, tf.reduce_sum(counts)
 
 
 def _sliceable(leaf: Any) -> bool:
@@ -144,7 +153,7 @@ def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
     def make() -> tuple[Callable[[Any, bool], Any], None]:
         def on_replica(data: Any, eagerly: bool) -> Any:
             with _keras.replica_step(stands_for_trace=eagerly):
-                data, _ = pad_empty_batch(data)
+                data, _ = pad_empty_batch(without_positions(data)[0])
                 return gather.global_batch(data)
 
         return on_replica, None
@@ -251,7 +260,7 @@ def summed_across_replicas(
         def on_replica(data: Any, eagerly: bool) -> tuple[list[tf.Tensor], Any]:
             # Keras's losses exact, as in the step.
             with _keras.replica_step(stands_for_trace=eagerly):
-                data, batch_size = pad_empty_batch(data)
+                data, batch_size = pad_empty_batch(without_positions(data)[0])
                 x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
                 with tf.GradientTape() as tape:
                     step = forward.forward_and_loss(
