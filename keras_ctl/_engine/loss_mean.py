@@ -301,12 +301,20 @@ def refuse_unless_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
 
 
 def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
-    """Raises a `ValueError` naming the numbers and the choices when the
-    gradients a `train_step` of the user's own, read as one device's code,
-    applies on `batch` (its slices: `measuring.sliced`; each replica's
-    weighed by its part and summed, as the step sums them) differ from the
-    gradients the step applies on one device on the same examples by more
-    than round-off (`_tolerance`).
+    """Runs a `train_step` of the user's own in the reading that equals one
+    device, measured on `batch` (its slices: `measuring.sliced`), or raises
+    a `ValueError` naming the numbers and the choices.
+
+    Read as one device's code, each replica's gradients are weighed by its
+    part and summed; in shares, summed as they are. The gradients the step
+    applies in its reading are compared with those it applies on one device
+    on the same examples. Before the step is first traced (the function's
+    first measurement), a step read as one device's code whose gradients
+    differ by more than round-off (`_tolerance`) is measured in shares, and
+    runs in shares when those equal one device's (a loss of one value an
+    example, whose gradient `tape.gradient` sums: keras.io's triplet
+    siamese network). Later, a difference in the reading it runs is
+    refused, naming the step.
 
     Nothing is applied (`_keras.applies_captured`), and the model's and
     its optimizers' variables are as they were afterwards. Not refused: a
@@ -315,7 +323,8 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     on the same batch and state (it draws numbers that are not one
     device's: TensorFlow's own random ops, Python's `random`), which is
     warned of instead, and not measured again (returns `False`)."""
-    with measuring.restored(model, batch.step.parts.optimizers) as restore:
+    step = batch.step
+    with measuring.restored(model, step.parts.optimizers) as restore:
         whole = measuring.global_batch(batch, model.run_eagerly)
         on_replicas = measuring.applied_on_replicas(batch)
         if on_replicas is None:
@@ -329,49 +338,81 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
         for data in orders:
             restore()
             runs.append(measuring.applying_on_one_device(model, batch, data))
-    one_device, again = runs[:2]
-    if not _comparable(on_replicas.gradients, one_device):
-        return True
-    step = f"{type(model).__name__}.train_step"
-    if _relative_difference(again, one_device) > _tolerance(model, None):
-        warnings.warn(
-            f"{step} applies other gradients on each run of one device on "
-            "the same batch and weights: it draws random numbers that are "
-            "not one device's under several replicas (TensorFlow's own "
-            "random ops such as `tf.random.normal` or `tf.random.shuffle`, "
-            "Python's or NumPy's `random`), so each replica draws its own "
-            "and a seeded run ends elsewhere than on one device, and "
-            "keras_ctl cannot measure whether its loss is a mean over "
-            "examples. Draw with `keras.random` and a "
-            "`keras.random.SeedGenerator` for one device's numbers.",
-            stacklevel=2,
+        one_device, again = runs[:2]
+        if not _comparable(on_replicas.gradients, one_device):
+            return True
+        name = f"{type(model).__name__}.train_step"
+        if _relative_difference(again, one_device) > _tolerance(model, None):
+            warnings.warn(_DRAWS_ITS_OWN.format(step=name), stacklevel=2)
+            return False
+        roundoff = (
+            None if on_replicas.drew else _relative_difference(runs[2], one_device)
         )
-        return False
-    roundoff = None if on_replicas.drew else _relative_difference(runs[2], one_device)
-    tolerance = _tolerance(model, roundoff)
-    off = _relative_difference(on_replicas.gradients, one_device)
-    if off <= tolerance:
-        return True
+        tolerance = _tolerance(model, roundoff)
+        off = _relative_difference(on_replicas.gradients, one_device)
+        if off <= tolerance:
+            return True
+        in_shares = None
+        if batch.number == 1 and step.reads_as_one_device:
+            restore()
+            in_shares = _applied_in_shares(batch)
+            if in_shares is not None:
+                if _relative_difference(in_shares, one_device) <= tolerance:
+                    return True  # the step runs in shares from now on
+                step.reads_as_one_device = True
     scale = _norm(on_replicas.gradients) / max(
         _norm(one_device), np.finfo("float64").tiny
     )
+    if step.reads_as_one_device:
+        reading = "read as one device's code"
+        summed = "weighed by the part's share of the batch and summed"
+    else:
+        reading = "run in shares, as the first batch measured it"
+        summed = "summed as it is"
+    kind = "not a mean over examples"
+    if in_shares is not None:
+        off_in_shares = _relative_difference(in_shares, one_device)
+        summed += f" (in shares, summed as they are: {off_in_shares:.3g} off)"
+        kind = "neither a mean nor a sum over examples"
     raise ValueError(
-        f"{step} is read as one device's code, but the gradients it applies "
-        f"{_where(model, batch, whole)}, each replica's on its part weighed "
-        "by the part's share of the batch and summed, are "
-        f"{off:.3g} off (relative) one device's gradients on the same "
+        f"{name} is {reading}, but the gradients it applies "
+        f"{_where(model, batch, whole)}, each replica's on its part {summed}, "
+        f"are {off:.3g} off (relative) one device's gradients on the same "
         f"examples ({scale:.3g} times their size; round-off: {tolerance:.2g}): "
-        "its loss is not a mean over "
-        "examples. A loss of one value an example, whose gradient "
-        "`tape.gradient` sums, is a sum over examples: take its mean "
-        "(`ops.mean(loss)`) to write one device's code, or decorate the "
-        "step with `@keras_ctl.written_in_shares` (each replica's sum is "
-        "then its share of the batch's). A loss that couples the batch's "
-        "examples (in-batch negatives, a statistic of the batch) needs "
-        "their rows gathered with `keras_ctl.all_gather`. Or pass "
+        f"its loss is {kind}. A loss that couples the batch's examples "
+        "(in-batch negatives, a statistic of the batch) needs their rows "
+        "gathered with `keras_ctl.all_gather`. A loss of one value an "
+        "example, whose gradient `tape.gradient` sums, is a sum over "
+        "examples: take its mean (`ops.mean(loss)`) to write one device's "
+        "code, or decorate the step with `@keras_ctl.written_in_shares` "
+        "(each replica's sum is then its share of the batch's). Or pass "
         '`compute_loss_over="replica_batch"` to `compile()` to run the '
         "step on each replica's part as written, unmeasured."
     )
+
+
+def _applied_in_shares(batch: MeasuredBatch) -> list[tf.Tensor] | None:
+    """The gradients the step applies on `batch` read in shares, and that
+    reading set on it (`None`, and the reading back, when it applies in
+    another)."""
+    batch.step.reads_as_one_device = False
+    applied = measuring.applied_on_replicas(batch)
+    if applied is None:
+        batch.step.reads_as_one_device = True
+        return None
+    return applied.gradients
+
+
+_DRAWS_ITS_OWN = (
+    "{step} applies other gradients on each run of one device on the same "
+    "batch and weights: it draws random numbers that are not one device's "
+    "under several replicas (TensorFlow's own random ops such as "
+    "`tf.random.normal` or `tf.random.shuffle`, Python's or NumPy's "
+    "`random`), so each replica draws its own and a seeded run ends "
+    "elsewhere than on one device, and keras_ctl cannot measure whether its "
+    "loss is a mean over examples. Draw with `keras.random` and a "
+    "`keras.random.SeedGenerator` for one device's numbers."
+)
 
 
 def _tolerance(model: keras.Model, roundoff: float | None) -> float:

@@ -178,11 +178,13 @@ def reordered(batch: Any) -> Any:
 
 
 def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
-    """The gradients the model's step applies on the slices of `batch`,
-    its replicas' summed as the step sums them (replica 0's view, one
-    tensor a variable and `apply`), or `None` when there is nothing to
-    compare: it applies nothing, applies in shares (declared as it runs,
-    or through keras_ctl's own steps), assigns batch statistics from each
+    """The gradients the model's step applies on the slices of `batch` in
+    its reading (`ReplicaStep.reads_as_one_device`), its replicas' summed
+    as the step sums them (replica 0's view, one tensor a variable and
+    `apply`), or `None` when there is nothing to compare: it applies
+    nothing, applies in another reading (a step read as one device's code
+    declaring itself in shares as it runs, or calling keras_ctl's own
+    steps), assigns batch statistics from each
     replica's own examples (each replica's normalization is not one
     device's; `batch_statistics` warns of them), or draws each replica's
     own random numbers (`random_draws="per_replica"`, or XLA's default)."""
@@ -202,10 +204,11 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
 
         return on_replica, notes
 
+    as_one_device = batch.step.reads_as_one_device
     with _keras.applies_captured() as noted:
-        measured = on_replicas(batch, "applied", make)
+        measured = on_replicas(batch, f"applied_{as_one_device}", make)
     read_as_one_device, traces = measured.notes.values()
-    if not read_as_one_device or not all(read_as_one_device):
+    if not read_as_one_device or set(read_as_one_device) != {as_one_device}:
         return None
     if any(trace.statistics for trace in traces):
         return None

@@ -136,6 +136,10 @@ class ReplicaStep:
         self.step = step
         self.training = training
         self.strategy = parts.strategy
+        # Read as the step is traced: a measurement before the first trace
+        # may find a step read as one device's code to be written in
+        # shares (`loss_mean.refuse_unless_step_mean`).
+        self.reads_as_one_device = parts.reads_as_one_device
         self.compiled = plan.xla == "whole_step"
         # Workers share a preemption notice through the logs' all-reduce.
         self.notice = None
@@ -192,7 +196,7 @@ class ReplicaStep:
             _keras.eager_ops_noted(data),
         ):
             with _keras.results_noted(self.parts.metrics()) as noted:
-                if self.parts.reads_as_one_device:
+                if self.reads_as_one_device:
                     outputs = own_step.run_as_one_device(
                         self.step, data, self.parts.step_name
                     )

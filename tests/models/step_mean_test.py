@@ -1,15 +1,16 @@
-"""A `train_step` of one's own, read as one device's code, whose loss is
-not a mean over examples, found before the first step under 2 replicas.
+"""A `train_step` of one's own, read as one device's code, measured before
+the first step under 2 replicas.
 
 The gradients the step applies on the first batch (captured, not applied)
-are compared with the gradients it applies on one device on the whole
-batch. The triplet siamese network's kind of step (a loss of one value an
-example, which `tape.gradient` sums) is refused with the numbers and the
-choices, and nothing trains. A mean (with Dropout, whose draws are one
-device's), a step that builds its compiled loss and metrics on first use
-(its first step runs eagerly; the measurement's updates of them are
-undone) and the sum declared in shares train as `keras.Model` on one
-device in float64. `compute_loss_over="replica_batch"` runs the sum as
+are compared with the gradients it applies on one device on the same
+examples. The triplet siamese network's kind of step (a loss of one value
+an example, which `tape.gradient` sums) runs in shares, where it equals
+one device; a loss neither a mean nor a sum is refused with the numbers
+and the choices, and nothing trains. A mean (with Dropout, whose draws
+are one device's), a step that builds its compiled loss and metrics on
+first use (its first step runs eagerly; the measurement's updates of them
+are undone), the sum and the sum declared in shares train as
+`keras.Model` on one device in float64. `compute_loss_over="replica_batch"` runs the sum as
 written; a step that draws with TensorFlow's own random ops cannot be
 measured and is warned of.
 """
@@ -44,6 +45,8 @@ def model_class(base, kind):
                 else:
                     per_example = ops.mean(ops.square(y_pred - y), axis=-1)
                     loss = per_example if kind == "sum" else ops.mean(per_example)
+                    if kind == "coupled":  # the spread of the batch's predictions
+                        loss += 0.5 * ops.var(ops.mean(y_pred, axis=-1))
                     if kind == "tf_random":
                         loss *= 1.0 + tf.random.uniform((), dtype=loss.dtype)
             gradients = tape.gradient(loss, self.trainable_weights)
@@ -100,9 +103,9 @@ def fitted(model):
     return model.get_weights(), history.history
 
 
-def test_a_sum_over_examples_is_refused_before_training():
+def test_a_loss_neither_mean_nor_sum_is_refused_before_training():
     with configurations.computing_in("float64"):
-        model = built(devices.get("mirrored"), "sum")
+        model = built(devices.get("mirrored"), "coupled")
         before = model.get_weights()
         with pytest.raises(ValueError) as refused:
             fitted(model)
@@ -111,9 +114,11 @@ def test_a_sum_over_examples_is_refused_before_training():
         "OwnStep.train_step is read as one device's code, but the gradients it "
         f"applies on the first batch ({BATCH // 2} of its {BATCH} examples, on 2 "
         "replicas), each replica's on its part weighed by the part's share of "
-        "the batch and summed, are 0.5 off (relative) one device's gradients "
-        "on the same examples (0.5 times their size; round-off: "
+        "the batch and summed (in shares, summed as they are: "
     )
+    assert "its loss is neither a mean nor a sum over examples." in message
+    off = float(message.split(" off (relative)")[0].split()[-1])
+    assert 1e-3 < off < 1
     for choice in (
         "`ops.mean(loss)`",
         "`@keras_ctl.written_in_shares`",
@@ -128,7 +133,9 @@ def test_a_sum_over_examples_is_refused_before_training():
         np.testing.assert_array_equal(kept, now)
 
 
-@pytest.mark.parametrize("kind", ["mean", "compiled", "shares"])
+# A sum over examples (keras.io's triplet siamese network) runs in shares,
+# measured on the first batch, as if declared.
+@pytest.mark.parametrize("kind", ["mean", "compiled", "shares", "sum"])
 def test_a_step_that_is_one_devices_trains_as_one_device(kind):
     with configurations.computing_in("float64"):
         expected, expected_logs = fitted(

@@ -14,13 +14,13 @@ pretrained ResNet50, none of it frozen; 8-wide dense layers in place of
 512 and 256); the train data is 17 triplets of images in [0, 1] (what the
 published pipeline gives `resnet.preprocess_input`), the validation data
 the first 9. The example draws nothing at random. Read as one device's code (the
-step is not declared in shares), each replica's gradient is weighed by
-its part of the global batch, which is right for a mean and not for this
-sum: on 2 replicas in float64 the weights differ from one device's by
-9.1e-7. Parity mode runs the published step marked
-`keras_ctl.written_in_shares` (`in_shares`): each replica's sum over its
-examples is its share of the global batch's sum, and the replicas'
-gradients are summed as they are.
+step is not declared in shares), each replica's gradient would be weighed
+by its part of the global batch, which is right for a mean and not for
+this sum (on 2 replicas in float64 the weights differed from one device's
+by 9.1e-7). The first batch's measurement finds the sum and runs the step
+in shares: each replica's sum over its examples is its share of the
+global batch's sum, and the replicas' gradients are summed as they are.
+Parity mode is the published step as written.
 """
 
 import keras
@@ -33,7 +33,6 @@ from keras import ops
 from keras import optimizers
 from keras.applications import resnet
 
-import keras_ctl
 import keras_io
 
 SOURCE = "examples/vision/siamese_network.py"
@@ -156,28 +155,11 @@ def model_class(base):
     return SiameseModel
 
 
-def in_shares(model_class):
-    """Parity mode: the published step, marked written in replica shares."""
-
-    class InShares(model_class):
-        # changed: the loss, a sum over this replica's examples, is its share
-        # of the global batch's sum: its gradients are summed as they are,
-        # not weighed by the replica's part of the batch.
-        @keras_ctl.written_in_shares
-        def train_step(self, data):
-            return super().train_step(data)
-
-    return InShares
-
-
 def train(base, strategy, parity=True):
     keras.utils.set_random_seed(0)
     with strategy.scope():
         siamese_network = build_siamese_network()
-        cls = model_class(base)
-        if parity:
-            cls = in_shares(cls)
-        siamese_model = cls(siamese_network)
+        siamese_model = model_class(base)(siamese_network)
         siamese_model.compile(optimizer=optimizers.Adam(0.0001))
     rng = np.random.default_rng(3)
     # Images in [0, 1], as the published pipeline's `convert_image_dtype`
