@@ -159,15 +159,30 @@ def check_for(
     ):
         return None
     step = "train_step" if training else "test_step"
+    check = None
     if not is_users_own(model, step):
         if is_users_own(model, "compute_loss"):
-            return functools.partial(refuse_unless_mean, model)
-        if is_keras_ctls(model, "compute_loss") and _users_losses_compiled(model):
-            return functools.partial(read_compiled_losses, model)
-        return None
-    if training and not marked_in_shares(model, step):
-        return functools.partial(refuse_unless_step_mean, model)
-    return None
+            check = refuse_unless_mean
+        elif is_keras_ctls(model, "compute_loss") and _users_losses_compiled(model):
+            check = read_compiled_losses
+    elif training and not marked_in_shares(model, step):
+        check = refuse_unless_step_mean
+    return None if check is None else functools.partial(_in_parts, check, model)
+
+
+def _in_parts(
+    check: Callable[[keras.Model, MeasuredBatch], bool],
+    model: keras.Model,
+    batch: MeasuredBatch,
+) -> bool:
+    """`check` on every part of `batch` (`measuring.sliced`: each within a
+    replica's memory, together the whole batch); whether to measure later
+    batches."""
+    parts = measuring.global_batch(batch, model.run_eagerly).parts
+    for part in range(parts):
+        if not check(model, batch._replace(part=part)):
+            return False
+    return True
 
 
 def _users_losses_compiled(model: keras.Model) -> bool:

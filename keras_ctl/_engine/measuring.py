@@ -3,13 +3,16 @@ one device makes of the same examples, within a step's memory, each
 function traced once.
 
 A measurement (`loss_mean`) reads a `MeasuredBatch`, the batch a train or
-test function is about to run as the strategy distributed it. Each replica
-keeps its first `k` rows, `k` the largest replica's part divided by the
-replica count (at least one row): the examples measured, gathered, are no
-more than the largest replica's part (`sliced`), so one device's run on
-them needs no more memory than a step. Every function a measurement runs
-is traced once per name and batch spec and kept in the batch's `traced`
-(its step function's), so a later measurement runs what the first traced.
+test function is about to run as the strategy distributed it, in parts:
+in part `p` each replica gives its rows `p * k` to `(p + 1) * k`, `k` the
+largest replica's part divided by the replica count (at least one row),
+so the examples of a part, gathered, are no more than the largest
+replica's part (`sliced`) and one device's run on them needs no more
+memory than a step; the parts together cover the batch
+(`loss_mean._in_parts` measures each). Every function a measurement runs
+is traced once per name and batch spec (the part a tensor argument) and
+kept in the batch's `traced` (its step function's), so a later
+measurement runs what the first traced.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Callable
 from collections.abc import Iterator
 from typing import Any
@@ -41,11 +45,13 @@ _T = TypeVar("_T")
 
 class Measured(NamedTuple):
     """What `on_replicas` gives: replica 0's `result`, the `notes` tracing
-    wrote down, and the examples of the batch the slices were cut from."""
+    wrote down, the examples of the batch the slices were cut from, and
+    the number of parts that cover it."""
 
     result: Any
     notes: Any
     of_rows: int
+    parts: int
 
 
 def on_replicas(
@@ -61,13 +67,17 @@ def on_replicas(
     where tracing asks for it: `_keras.NeedsEagerStep`)."""
     strategy = batch.step.strategy
     eagerly = batch.eagerly if eagerly is None else eagerly
+    part = tf.constant(batch.part, tf.int32)
 
     def on_every_replica(
-        on_replica: Callable[[Any, bool], Any], element: Any, eagerly: bool
+        on_replica: Callable[[Any, bool], Any],
+        element: Any,
+        part: tf.Tensor,
+        eagerly: bool,
     ) -> Any:
         def run(data: Any) -> Any:
-            data, of_rows = sliced(data)
-            return on_replica(data, eagerly), of_rows
+            data, of_rows, parts = sliced(data, part)
+            return on_replica(data, eagerly), of_rows, parts
 
         return tree.map_structure(
             lambda value: strategy.experimental_local_results(value)[0],
@@ -81,48 +91,52 @@ def on_replicas(
             # A `partial`, traced once a model (`step_function._after_first_batch`).
             traced = tf.function(
                 functools.partial(on_every_replica, on_replica, eagerly=False),
-                input_signature=[batch.spec],
+                input_signature=[batch.spec, tf.TensorSpec((), tf.int32)],
                 autograph=False,
             )
             batch.traced[key] = traced, notes
         traced, notes = batch.traced[key]
         try:
-            result, of_rows = traced_call(traced, batch.element)
-            return Measured(result, notes, int(of_rows))
+            result, of_rows, parts = traced_call(traced, batch.element, part)
+            return Measured(result, notes, int(of_rows), int(parts))
         except Exception as error:
             if not _keras.needs_eager_step(error):
                 raise
             del batch.traced[key]
     on_replica, notes = make()
-    result, of_rows = on_every_replica(on_replica, batch.element, True)
-    return Measured(result, notes, int(of_rows))
+    result, of_rows, parts = on_every_replica(on_replica, batch.element, part, True)
+    return Measured(result, notes, int(of_rows), int(parts))
 
 
-def sliced(data: Any) -> tuple[Any, tf.Tensor]:
-    """`(slice, rows)`: this replica's first `k` examples of its `data`,
-    `k` the largest replica's examples divided by the replica count, at
-    least 1, and the examples of every replica (one all-gather of their
-    counts). Positions, where `data` carries them, are the slice's in the
-    slices gathered (where one device draws for them). All of `data` where
-    a part is not a dense or ragged tensor."""
+def sliced(data: Any, part: tf.Tensor) -> tuple[Any, tf.Tensor, tf.Tensor]:
+    """`(slice, rows, parts)`: this replica's examples `part * k` to
+    `(part + 1) * k` of its `data`, `k` the largest replica's examples
+    divided by the replica count, at least 1; the examples of every
+    replica (one all-gather of their counts); and the parts that cover
+    them. Positions, where `data` carries them, are the slice's in the
+    slices gathered (where one device draws for them). All of `data`, one
+    part, where a part of it is not a dense or ragged tensor."""
     batch, positions = without_positions(optionals_to_none(data))
     leaves = [leaf for leaf in tree.flatten(batch) if leaf is not None]
     context = tf.distribute.get_replica_context()
     rows = tf.shape(leaves[0], out_type=tf.int32)[0] if leaves else tf.constant(0)
     counts = context.all_gather(tf.reshape(rows, [1]), axis=0)
     if not leaves or not all(_sliceable(leaf) for leaf in leaves):
-        return optionals_to_none(data), tf.reduce_sum(counts)
-    k = tf.maximum(tf.reduce_max(counts) // context.num_replicas_in_sync, 1)
+        return optionals_to_none(data), tf.reduce_sum(counts), tf.constant(1)
+    largest = tf.reduce_max(counts)
+    k = tf.maximum(largest // context.num_replicas_in_sync, 1)
+    start = part * k
     batch = tree.map_structure(
-        lambda t: t if t is None or t.shape.rank == 0 else t[:k], batch
+        lambda t: t if t is None or t.shape.rank == 0 else t[start : start + k],
+        batch,
     )
     if positions is not None:
-        kept = tf.minimum(counts, k)
+        kept = tf.clip_by_value(counts - start, 0, k)
         before = tf.reduce_sum(kept[: context.replica_id_in_sync_group])
         batch = PositionedBatch(
             batch, before + tf.range(kept[context.replica_id_in_sync_group])
         )
-    return batch, tf.reduce_sum(counts)
+    return batch, tf.reduce_sum(counts), (largest + k - 1) // k
 
 
 def _sliceable(leaf: Any) -> bool:
@@ -140,11 +154,13 @@ class AppliedOnReplicas(NamedTuple):
 class GlobalBatch(NamedTuple):
     """The examples measured, as one device has them: `data`, the
     structure the step reads, every replica's slice gathered; `rows`, its
-    examples; `of_rows`, the examples of the batch it was cut from."""
+    examples; `of_rows`, the examples of the batch it was cut from;
+    `parts`, the parts that cover that batch."""
 
     data: Any
     rows: int
     of_rows: int
+    parts: int
 
 
 def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
@@ -159,7 +175,8 @@ def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
         return on_replica, None
 
     measured = on_replicas(batch, "global_batch", make, eagerly)
-    return GlobalBatch(measured.result, examples_in(measured.result), measured.of_rows)
+    data = measured.result
+    return GlobalBatch(data, examples_in(data), measured.of_rows, measured.parts)
 
 
 def examples_in(batch: Any) -> int:
@@ -278,7 +295,8 @@ def summed_across_replicas(
 
     measured = on_replicas(batch, "summed_across_replicas", make, model.run_eagerly)
     gradients, data = measured.result
-    return gradients, GlobalBatch(data, examples_in(data), measured.of_rows)
+    whole = GlobalBatch(data, examples_in(data), measured.of_rows, measured.parts)
+    return gradients, whole
 
 
 def gradients_on_one_device(
@@ -346,10 +364,12 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
     """Yields `restore()`, which sets the variables of `model` (its
     metrics' included) and of `optimizers`, and every variable a function
     the measurement traces reads (`traced_call`: a `tf.Variable` a step
-    keeps of its own), back to their values on entry, and those created
-    since to their first values; called on exit too."""
+    keeps of its own) or an earlier measurement created, back to their
+    values on entry, and those created since to their first values;
+    called on exit too."""
     variables = model.variables + model.metrics_variables
     variables += [v for optimizer in optimizers for v in optimizer.variables]
+    variables += list(_made_in_measurements.values())
     state: dict[int, tuple[Any, Any]] = {}
     created: list[tuple[Any, tf.Tensor]] = []
 
@@ -363,6 +383,7 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
         with tf.init_scope():
             created.append((variable, tf.identity(variable)))
         state[id(variable)] = variable, None
+        _made_in_measurements[id(variable)] = variable
         return variable
 
     def restore() -> None:
@@ -382,14 +403,23 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
 
 # The `keep(variables)` of the `restored` blocks entered.
 _keeping: list[Callable[[list[Any]], None]] = []
+# Variables a step made while measured (its first call's), which a later
+# measurement, or part of one, sets back too.
+_made_in_measurements: weakref.WeakValueDictionary[int, Any] = (
+    weakref.WeakValueDictionary()
+)
 
 
 def traced_call(function: Any, *args: Any) -> Any:
     """`function(*args)`, a `tf.function`, the variables its trace reads
-    kept first by the `restored` blocks entered."""
+    kept first by the `restored` blocks entered. Not the seed states of
+    draws outside the model (an unseeded `keras.random` draw's): a step
+    drawing them draws other numbers on a second run, as it would on a
+    second step, which tells the measurement it draws its own."""
     concrete = function.get_concrete_function(*args)
+    read = [v for v in concrete.graph.variables if not _keras.is_seed_state(v)]
     for keep in _keeping:
-        keep(list(concrete.graph.variables))
+        keep(read)
     return function(*args)
 
 

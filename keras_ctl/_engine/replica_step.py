@@ -274,6 +274,7 @@ class MeasuredBatch(NamedTuple):
             function's calls from 1.
         traced: The functions measurements traced, kept by the function
             for the next measurement (`measuring.on_replicas`).
+        part: The part of the batch measured (`measuring.sliced`).
     """
 
     element: Any
@@ -282,6 +283,7 @@ class MeasuredBatch(NamedTuple):
     eagerly: bool
     number: int
     traced: dict[Any, Any]
+    part: int = 0
 
 
 def _reduced_already(outputs: Any) -> bool:

@@ -89,8 +89,10 @@ def per_replica_generators(original):
 def is_seed_state(variable: Any) -> bool:
     """Whether `variable` is a `SeedGenerator`'s state, which every draw
     of a seeded layer or `keras.random` function advances (its name is
-    Keras's, in `keras.src.random.seed_generator`)."""
-    return getattr(variable, "name", None) == "seed_generator_state"
+    Keras's, in `keras.src.random.seed_generator`; the TensorFlow variable
+    under it adds its scope and `:0`)."""
+    name = str(getattr(variable, "name", ""))
+    return name.rsplit("/", 1)[-1].split(":")[0] == "seed_generator_state"
 
 
 @contextlib.contextmanager

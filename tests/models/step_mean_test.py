@@ -10,9 +10,10 @@ and the choices, and nothing trains. A mean (with Dropout, whose draws
 are one device's), a step that builds its compiled loss and metrics on
 first use (its first step runs eagerly; the measurement's updates of them
 are undone), the sum and the sum declared in shares train as
-`keras.Model` on one device in float64. `compute_loss_over="replica_batch"` runs the sum as
-written; a step that draws with TensorFlow's own random ops cannot be
-measured and is warned of.
+`keras.Model` on one device in float64.
+`compute_loss_over="replica_batch"` runs the sum as written; a step that
+draws with TensorFlow's own random ops cannot be measured and is warned
+of.
 """
 
 import warnings
