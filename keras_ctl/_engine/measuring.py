@@ -39,6 +39,7 @@ from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._engine.replica_step import optionals_to_none
 from keras_ctl._keras.iterators import PositionedBatch
 from keras_ctl._keras.iterators import without_positions
+from keras_ctl._replicas import static_rows
 
 _T = TypeVar("_T")
 
@@ -124,12 +125,26 @@ def sliced(data: Any, part: tf.Tensor) -> tuple[Any, tf.Tensor, tf.Tensor]:
     if not leaves or not all(_sliceable(leaf) for leaf in leaves):
         return optionals_to_none(data), tf.reduce_sum(counts), tf.constant(1)
     largest = tf.reduce_max(counts)
-    k = tf.maximum(largest // context.num_replicas_in_sync, 1)
+    replicas = context.num_replicas_in_sync
+    k = tf.maximum(largest // replicas, 1)
+    # Where every replica's batch has a static size (the spec the replicas
+    # share, traced) that the replicas divide, so do the slices: code
+    # traced for static shapes (a refusal raised as the step is traced)
+    # sees them.
+    static = None if tf.executing_eagerly() else static_rows(leaves[0])
+    if static and static % replicas == 0 and isinstance(leaves[0], tf.Tensor):
+        k = static // replicas
     start = part * k
-    batch = tree.map_structure(
-        lambda t: t if t is None or t.shape.rank == 0 else t[start : start + k],
-        batch,
-    )
+
+    def cut(t: Any) -> Any:
+        if t is None or t.shape.rank == 0:
+            return t
+        rows = t[start : start + k]
+        if isinstance(k, int):
+            rows = tf.ensure_shape(rows, [k, *t.shape[1:]])
+        return rows
+
+    batch = tree.map_structure(cut, batch)
     if positions is not None:
         kept = tf.clip_by_value(counts - start, 0, k)
         before = tf.reduce_sum(kept[: context.replica_id_in_sync_group])

@@ -22,7 +22,10 @@ trains it with `CTLModel` under a strategy and with `keras.Model` on one
 device: it ends equal (1e-9 relative in float64, 1e-5 in float32), or
 stopped by a `ValueError` naming a step no earlier than the first coupled
 step (a coupling under the round-off of the first measurement after it
-is found by a later one).
+is found by a later one). In float32 a measurement cannot tell a coupling
+of the gradients under about 1e-4 from round-off (`loss_mean._tolerance`):
+a float32 run that ends off by up to 1e-3 unrefused is judged by the same
+configuration in float64, which must end equal or stopped by name.
 
     python couplings.py --replicas R --seeds A:B
 
@@ -133,6 +136,18 @@ def check(seed, strategy):
     """`None` when seed's run equals one device or is stopped in time,
     else what went wrong."""
     config = draw(seed)
+    problem = _checked(config, strategy)
+    if (
+        problem
+        and config["dtype"] == "float32"
+        and problem.get("silently_off", 1) <= 1e-3
+    ):
+        if _checked({**config, "dtype": "float64"}, strategy) is None:
+            return None  # under float32's round-off
+    return problem
+
+
+def _checked(config, strategy):
     with computing_in(config["dtype"]):
         expected, _ = run(config, keras.Model, tf.distribute.get_strategy())
         got, refusal = run(config, keras_ctl.CTLModel, strategy)
