@@ -142,6 +142,10 @@ def measure(model: keras.Model, batch: Any) -> Measurement | None:
             variable.assign(value)
 
 
+class Refused(ValueError):
+    """A loss whose reading is not one device's, refused by name."""
+
+
 class _HandlesReplicas(Exception):
     """The loss measured calls replica arithmetic."""
 
@@ -178,10 +182,26 @@ def _in_parts(
     """`check` on every part of `batch` (`measuring.sliced`: each within a
     replica's memory, together the whole batch); whether to measure later
     batches."""
-    parts = measuring.global_batch(batch, model.run_eagerly).parts
-    for part in range(parts):
-        if not check(model, batch._replace(part=part)):
-            return False
+    whole = measuring.global_batch(batch, model.run_eagerly)
+    for part in range(whole.parts):
+        try:
+            if not check(model, batch._replace(part=part)):
+                return False
+        except (Refused, tf.errors.InvalidArgumentError):
+            raise  # named already, or by the step function
+        except Exception as error:
+            if whole.parts == 1:
+                raise
+            raise ValueError(
+                f"{type(model).__name__}'s step failed as it was measured "
+                f"{_where(model, batch, whole)}, which runs it on each "
+                "replica's part in slices so one device holds no more than a "
+                "replica's part: it assumes its batch's size (a queue or a "
+                "constant sized to it). Make it follow the batch it is given "
+                "(`ops.shape(x)[0]`), or pass "
+                '`compute_loss_over="replica_batch"` to `compile()` to run it '
+                f"unmeasured. The error: {error}"
+            ) from error
     return True
 
 
@@ -226,7 +246,7 @@ def read_compiled_losses(model: keras.Model, batch: MeasuredBatch) -> bool:
             continue
         where = _where(model, batch, whole)
         if reading is None:
-            raise ValueError(
+            raise Refused(
                 f"The loss of output `{name}` ({type(loss).__name__}) is "
                 f"neither a mean nor a sum over examples {where}: {measured}. "
                 "Each replica computes it on its part of the batch, which "
@@ -236,7 +256,7 @@ def read_compiled_losses(model: keras.Model, batch: MeasuredBatch) -> bool:
                 'model\'s own with `compile(compute_loss_over="global_batch")`, '
                 "which sees the global batch."
             )
-        raise ValueError(
+        raise Refused(
             f"The loss of output `{name}` ({type(loss).__name__}) was a "
             f"{_READING[known]} on the batches measured before, and is a "
             f"{_READING[reading]} {where}: {measured}. The step reads it as "
@@ -301,7 +321,7 @@ def refuse_unless_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
         return True
     measured = measuring.one_device(measure, model, whole.data)
     values = "" if measured is None else f"; {measured}"
-    raise ValueError(
+    raise Refused(
         f"{type(model).__name__}.compute_loss is not a mean over examples: "
         f"{_where(model, batch, whole)}, the gradient of each replica's loss "
         "on its part, weighed by the part's share of the batch and summed, "
@@ -389,7 +409,7 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
         off_in_shares = _relative_difference(in_shares, one_device)
         summed += f" (in shares, summed as they are: {off_in_shares:.3g} off)"
         kind = "neither a mean nor a sum over examples"
-    raise ValueError(
+    raise Refused(
         f"{name} is {reading}, but the gradients it applies "
         f"{_where(model, batch, whole)}, each replica's on its part {summed}, "
         f"are {off:.3g} off (relative) one device's gradients on the same "

@@ -147,7 +147,8 @@ class StepFunction:
                 number,
                 self._measurement_traces,
             )
-            again = measurement(batch)
+            # What stops the step as it runs stops its measurement too.
+            again = _explaining_errors(measurement, batch, self._step)
             self._schedule.measured(number, spec, again)
             if not eagerly:
                 loop_for_call = functools.partial(self._after_first_batch, count=count)

@@ -84,7 +84,7 @@ def fitted(case, strategy, examples=17, data="arrays"):
     x = rng.normal(size=(examples, features)).astype("float32")
     with strategy.scope():
         inputs = keras.Input((features,))
-        if case == "queue":
+        if case.startswith("queue"):
             model = QueuedFromItsOwnRows(inputs, keras.layers.Dense(3)(inputs))
         elif case == "logs":
             model = LogsPerExample(inputs, keras.layers.Dense(3)(inputs))
@@ -93,6 +93,8 @@ def fitted(case, strategy, examples=17, data="arrays"):
             model_class = type("Shuffled", (ShuffledRows,), shuffled)
             model = model_class(inputs, keras.layers.Dense(2)(inputs))
         options = {"random_draws": "as_one_device"} if "shuffled" in case else {}
+        if case == "queue_unmeasured":
+            options = {"compute_loss_over": "replica_batch"}
         model.compile(optimizer="sgd", loss="mse", **options)
     y = np.zeros((examples, 2 if case.startswith("shuffled") else 1), "float32")
     if data == "arrays":
