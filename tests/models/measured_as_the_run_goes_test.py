@@ -15,6 +15,7 @@ import devices
 import keras
 import numpy as np
 import pytest
+import refusals
 import tensorflow as tf
 from keras import ops
 
@@ -107,7 +108,7 @@ def test_a_loss_that_stops_being_a_mean_stops_the_run_by_name(kind, step):
         f"applies on step {step}'s batch (4 of its {BATCH} examples, on 2 "
         "replicas, the batches measured before it being exact"
     )
-    off = float(message.split(" off (relative)")[0].split()[-1])
+    off = refusals.relative_difference(message)
     assert off > 1e-6
     # Stopped before its step ran: nothing trained past the measurement.
     assert model.optimizer.iterations.numpy() == step - 1
@@ -134,7 +135,7 @@ def test_a_coupling_of_one_in_a_million_is_found_in_float64():
             model.fit(dataset("centering"), epochs=1, verbose=0)
     message = str(refused.value)
     assert "on the first batch (4 of its 8 examples, on 2 replicas)" in message
-    off = float(message.split(" off (relative)")[0].split()[-1])
+    off = refusals.relative_difference(message)
     assert 1e-8 < off < 1e-4
 
 

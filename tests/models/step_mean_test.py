@@ -23,6 +23,7 @@ import devices
 import keras
 import numpy as np
 import pytest
+import refusals
 import tensorflow as tf
 from keras import ops
 
@@ -118,7 +119,7 @@ def test_a_loss_neither_mean_nor_sum_is_refused_before_training():
         "the batch and summed (in shares, summed as they are: "
     )
     assert "its loss is neither a mean nor a sum over examples." in message
-    off = float(message.split(" off (relative)")[0].split()[-1])
+    off = refusals.relative_difference(message)
     assert 1e-3 < off < 1
     for choice in (
         "`ops.mean(loss)`",

@@ -40,6 +40,7 @@ import sys
 
 import keras
 import numpy as np
+import refusals
 import tensorflow as tf
 from configurations import computing_in
 from keras import ops
@@ -152,7 +153,7 @@ def _checked(config, strategy):
         expected, _ = run(config, keras.Model, tf.distribute.get_strategy())
         got, refusal = run(config, keras_ctl.CTLModel, strategy)
     if refusal is not None:
-        found = _step_named(refusal)
+        found = refusals.step_named(refusal)
         if found is not None and found >= config["start"]:
             return None
         return {**config, "refused_at": found, "message": refusal[:300]}
@@ -163,15 +164,6 @@ def _checked(config, strategy):
     if off <= TOLERANCE[config["dtype"]]:
         return None
     return {**config, "silently_off": off}
-
-
-def _step_named(message):
-    if "on the first batch" in message:
-        return 1
-    marker = "on step "
-    if marker not in message:
-        return None
-    return int(message.split(marker)[1].split("'")[0])
 
 
 def main(argv):
