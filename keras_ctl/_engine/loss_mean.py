@@ -192,17 +192,34 @@ def _in_parts(
         except Exception as error:
             if whole.parts == 1:
                 raise
-            raise ValueError(
-                f"{type(model).__name__}'s step failed as it was measured "
-                f"{_where(model, batch, whole)}, which runs it on each "
-                "replica's part in slices so one device holds no more than a "
-                "replica's part: it assumes its batch's size (a queue or a "
-                "constant sized to it). Make it follow the batch it is given "
-                "(`ops.shape(x)[0]`), or pass "
-                '`compute_loss_over="replica_batch"` to `compile()` to run it '
-                f"unmeasured. The error: {error}"
-            ) from error
+            raise _noted(error, _measured_in_parts(model, batch, whole))
     return True
+
+
+def _measured_in_parts(
+    model: keras.Model, batch: MeasuredBatch, whole: measuring.GlobalBatch
+) -> str:
+    return (
+        f"keras_ctl: raised as {type(model).__name__}'s step was measured "
+        f"{_where(model, batch, whole)}, which runs it on each replica's part "
+        "in slices so one device holds no more than a replica's part. If the "
+        "step assumes its batch's size (a queue or a constant sized to it), "
+        "make it follow the batch it is given (`ops.shape(x)[0]`), or pass "
+        '`compute_loss_over="replica_batch"` to `compile()` to run it '
+        "unmeasured."
+    )
+
+
+def _noted(error: Exception, note: str) -> Exception:
+    """`error`, the user's own, with `note` added (PEP 678), so its type
+    and message stay what the step raised; where Python keeps no notes
+    (3.10), a `ValueError` saying both."""
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+        return error
+    wrapped = ValueError(f"{note} The error: {error}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _users_losses_compiled(model: keras.Model) -> bool:

@@ -9,17 +9,18 @@ import named_errors
 def test_a_queue_filled_from_a_replicas_own_rows_is_named():
     """A queue of 6 rows filled from twice the replica's rows. Measured on
     the first batch, in slices of 2 of each replica's 4 rows (within a
-    replica's memory), the step assigns 4 rows: named as the measurement's,
-    before anything trains. Unmeasured, the last batch, 1 example (2 rows
+    replica's memory), the step assigns 4 rows: Keras's error, noted as
+    the measurement's, before anything trains. Unmeasured, the last batch, 1 example (2 rows
     on replica 0, none on replica 1), is named as the step runs (replica
     0's nodes have no prefix)."""
     message = named_errors.in_child("queue")
-    assert message.startswith(
-        "QueuedFromItsOwnRows's step failed as it was measured on the first "
+    error, note = message.split("\nkeras_ctl: ")
+    assert "variable.shape=(6, 3), Received: value.shape=(4, 3)" in error
+    assert note.startswith(
+        "raised as QueuedFromItsOwnRows's step was measured on the first "
         "batch (4 of its 8 examples, on 2 replicas), which runs it on each "
         "replica's part in slices"
     )
-    assert "variable.shape=(6, 3), Received: value.shape=(4, 3)" in message
     assert '`compute_loss_over="replica_batch"`' in message
     message = named_errors.in_child("queue_unmeasured")
     said = "The step assigned a value of shape {} to a variable of shape [6, 3]"

@@ -106,12 +106,12 @@ def fitted(case, strategy, examples=17, data="arrays"):
 
 
 def message(case, strategy, examples=17, data="arrays"):
-    """The message of the `ValueError` that fitting `case` stops with, or
-    `None` when it ends."""
+    """The message of the `ValueError` that fitting `case` stops with, its
+    notes after it, or `None` when it ends."""
     try:
         fitted(case, strategy, examples, data)
     except ValueError as error:
-        return str(error)
+        return "\n".join([str(error), *getattr(error, "__notes__", [])])
     return None
 
 
