@@ -192,7 +192,12 @@ def _in_parts(
         except Exception as error:
             if whole.parts == 1:
                 raise
-            raise _noted(error, _measured_in_parts(model, batch, whole))
+            # The step's own error, its type and message kept (PEP 678).
+            note = _measured_in_parts(model, batch, whole)
+            if not hasattr(error, "add_note"):  # Python 3.10 keeps no notes
+                raise ValueError(f"{note} The error: {error}") from error
+            error.add_note(note)
+            raise
     return True
 
 
@@ -208,18 +213,6 @@ def _measured_in_parts(
         '`compute_loss_over="replica_batch"` to `compile()` to run it '
         "unmeasured."
     )
-
-
-def _noted(error: Exception, note: str) -> Exception:
-    """`error`, the user's own, with `note` added (PEP 678), so its type
-    and message stay what the step raised; where Python keeps no notes
-    (3.10), a `ValueError` saying both."""
-    if hasattr(error, "add_note"):
-        error.add_note(note)
-        return error
-    wrapped = ValueError(f"{note} The error: {error}")
-    wrapped.__cause__ = error
-    return wrapped
 
 
 def _users_losses_compiled(model: keras.Model) -> bool:

@@ -10,9 +10,9 @@ def test_a_queue_filled_from_a_replicas_own_rows_is_named():
     """A queue of 6 rows filled from twice the replica's rows. Measured on
     the first batch, in slices of 2 of each replica's 4 rows (within a
     replica's memory), the step assigns 4 rows: Keras's error, noted as
-    the measurement's, before anything trains. Unmeasured, the last batch, 1 example (2 rows
-    on replica 0, none on replica 1), is named as the step runs (replica
-    0's nodes have no prefix)."""
+    the measurement's, before anything trains. Unmeasured, the last batch,
+    1 example (2 rows on replica 0, none on replica 1), is named as the
+    step runs (replica 0's nodes have no prefix)."""
     message = named_errors.in_child("queue")
     error, note = message.split("\nkeras_ctl: ")
     assert "variable.shape=(6, 3), Received: value.shape=(4, 3)" in error
