@@ -1,0 +1,178 @@
+"""One process of a cluster test job: a Slurm task (`srun`) or a pod of a
+TFJob (`TF_CONFIG` as the operator writes it).
+
+Usage: python cluster_child.py CONFIG_JSON
+
+CONFIG_JSON keys: out (a folder), models (among "ctl" and "gan"),
+strategy ("multiworker": `keras_ctl.strategies.multi_worker_strategy()`;
+"parameter_server": `parameter_server_strategy()`, on the chief),
+backup (optional: a folder for `keras_ctl.callbacks.BackupAndRestore`),
+wait_at (optional: [epoch, batch] of "ctl" where the process waits for
+SIGTERM, after writing `out/waiting`; the time it arrives goes to
+`out/signalled_<name>`).
+
+Everything trains in float64, batch 8 on 33 examples: the last batch has
+one example, so under 2 replicas one of them is empty. Each process writes
+`out/<task type>_<index>.json`: per model, the weights, the epochs' logs
+(kept across restarts in `out/logs_<model>_<name>.json`) and the batches
+this run trained; the chief adds `reference`: the same models trained by
+`keras.Model` (the GAN alone) on one device, after the distributed run.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+
+config = json.loads(sys.argv[1])
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from keras_ctl import strategies  # noqa: E402
+
+if config["strategy"] == "parameter_server":
+    strategy = strategies.parameter_server_strategy()
+else:
+    strategy = strategies.multi_worker_strategy()
+
+import cases  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import keras_ctl  # noqa: E402
+
+keras.config.set_floatx("float64")
+OUT = pathlib.Path(config["out"])
+EXAMPLES, BATCH, EPOCHS = 33, 8, 3
+resolver = getattr(strategy, "cluster_resolver", None)
+NAME = f"{resolver.task_type}_{resolver.task_id}" if resolver else "worker_0"
+
+
+def ctl_data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(EXAMPLES, 4))
+    return x, (x[:, 0] + x[:, 1] > 0).astype("int32")
+
+
+def ctl_model(model_class):
+    init = keras.initializers.GlorotUniform
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(3, activation="tanh", kernel_initializer=init(1))
+    outputs = keras.layers.Dense(2, kernel_initializer=init(2))(hidden(inputs))
+    model = model_class(inputs, outputs)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def gan_model():
+    gan = cases.build_gan()
+    gan.compile(
+        d_optimizer=keras.optimizers.Adam(3e-3), g_optimizer=keras.optimizers.Adam(4e-3)
+    )
+    return gan
+
+
+def train(name, on, callbacks=()):
+    """Fits model `name` under strategy `on`; returns weights and logs."""
+    keras.utils.set_random_seed(0)
+    with on.scope():
+        model = ctl_model(keras_ctl.CTLModel) if name == "ctl" else gan_model()
+    counted = BatchesAndLogs(OUT / f"logs_{name}_{NAME}.json")
+    x, y = ctl_data() if name == "ctl" else cases.gan_data(EXAMPLES)
+    model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS if name == "ctl" else 2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[*callbacks, counted],
+    )
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "logs": counted.epochs,
+        "batches": counted.batches,
+    }
+
+
+def one_device(name):
+    """What `keras.Model` (the GAN: itself) gives on one device."""
+    keras.utils.set_random_seed(0)
+    model = ctl_model(keras.Model) if name == "ctl" else gan_model()
+    x, y = ctl_data() if name == "ctl" else cases.gan_data(EXAMPLES)
+    epochs = EPOCHS if name == "ctl" else 2
+    history = model.fit(
+        x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0
+    ).history
+    logs = {
+        str(epoch): {key: float(values[epoch]) for key, values in history.items()}
+        for epoch in range(epochs)
+    }
+    return {"weights": [w.tolist() for w in model.get_weights()], "logs": logs}
+
+
+class BatchesAndLogs(keras.callbacks.Callback):
+    """The batches this run trained, and every epoch's logs, kept in `path`
+    across restarts (a resumed run logs the epochs it ends)."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path, self.batches = path, 0
+        self.epochs = json.loads(path.read_text()) if path.exists() else {}
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs[str(epoch)] = {k: float(v) for k, v in logs.items()}
+        self.path.write_text(json.dumps(self.epochs))
+
+
+class WaitForSignal(keras.callbacks.Callback):
+    """At (epoch, batch), waits until SIGTERM arrives (at most 120 s); the
+    handler of `BackupAndRestore` (before this callback) still acts on it."""
+
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch, self.arrived = (epoch, batch), 0, None
+
+    def on_train_begin(self, logs=None):
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def noted(signum, frame):
+            if self.arrived is None:
+                self.arrived = time.time()
+                (OUT / f"signalled_{NAME}").write_text(str(self.arrived))
+            previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, noted)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) != self.at or (OUT / f"signalled_{NAME}").exists():
+            return
+        if strategies.is_chief(strategy):
+            (OUT / "waiting").write_text(str(time.time()))
+        deadline = time.monotonic() + 120
+        while self.arrived is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+results = {}
+for name in config["models"]:
+    callbacks = []
+    if config.get("backup"):
+        callbacks.append(keras_ctl.callbacks.BackupAndRestore(config["backup"]))
+    if config.get("wait_at") and name == "ctl":
+        callbacks.append(WaitForSignal(*config["wait_at"]))
+    results[name] = train(name, strategy, callbacks)
+if strategies.is_chief(strategy):  # outside any scope: one device
+    results["reference"] = {name: one_device(name) for name in config["models"]}
+(OUT / f"{NAME}.json").write_text(json.dumps(results))
