@@ -3,8 +3,11 @@
 `MultiWorkerMirroredStrategy`, equal to one device in float64."""
 
 import json
+import os
+import time
 
 import children
+import doc_pages
 import numpy as np
 import pytest
 import slurm_cluster
@@ -23,12 +26,18 @@ def child(config):
 
 
 def assert_one_device(got, reference):
-    """Weights and every epoch's logs within 1e-9 of one device's."""
+    """Weights and every epoch's logs within 1e-9 of one device's; returns
+    the largest difference."""
+    largest = 0.0
     for g, w in zip(got["weights"], reference["weights"], strict=True):
         np.testing.assert_allclose(g, w, atol=TOLERANCE, rtol=0)
+        largest = max(largest, float(np.max(np.abs(np.subtract(g, w)))))
     assert got["logs"].keys() == reference["logs"].keys()
     for epoch, logs in reference["logs"].items():
         assert got["logs"][epoch] == pytest.approx(logs, abs=TOLERANCE, rel=0)
+        for key, value in logs.items():
+            largest = max(largest, abs(got["logs"][epoch][key] - value))
+    return largest
 
 
 def test_srun_tasks_train_as_one_device(cluster, tmp_path):
@@ -42,7 +51,134 @@ def test_srun_tasks_train_as_one_device(cluster, tmp_path):
     assert result.returncode == 0, children.output(result) + cluster.logs()
     workers = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in (0, 1)]
     reference = workers[0]["reference"]
-    for worker in workers:
-        for name in ("ctl", "gan"):
-            assert_one_device(worker[name], reference[name])
+    differences = [
+        assert_one_device(worker[name], reference[name])
+        for worker in workers
+        for name in ("ctl", "gan")
+    ]
     assert workers[0]["ctl"]["batches"] == 15  # 3 epochs of 5 batches
+    print(f"srun: {max(differences):.1e} off one device")
+
+
+# A job of the docs' batch script: its tasks wait after batch 2 of epoch 2
+# (of 3 epochs of 5 batches) until SIGTERM arrives; the workers stop after
+# the next step, with 8 batches trained, and the resumed run trains 7.
+WAIT_AT = [1, 1]
+DONE, LEFT = 8, 7
+
+
+def docs_batch_script():
+    """The batch script of the multi-worker guide, as written there."""
+    page = doc_pages.DOCS / "guides" / "multi-worker.md"
+    scripts = [code for kind, code in doc_pages.blocks(page) if "#SBATCH" in code]
+    assert len(scripts) == 1, scripts
+    return scripts[0]
+
+
+def batch_job(folder):
+    """A folder with the docs' `train.sh` and a `train.py` that runs
+    `cluster_child.py` (a CTLModel, backed up in `folder/backup`)."""
+    config = {
+        "out": str(folder),
+        "models": ["ctl"],
+        "strategy": "multiworker",
+        "backup": str(folder / "backup"),
+        "wait_at": WAIT_AT,
+    }
+    (folder / "train.sh").write_text(docs_batch_script())
+    script = os.path.join(children.HERE, "cluster_child.py")
+    (folder / "train.py").write_text(
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {children.HERE!r})\n"
+        f"sys.argv = ['cluster_child.py', {json.dumps(config)!r}]\n"
+        f"runpy.run_path({script!r}, run_name='__main__')\n"
+    )
+    return folder / "train.sh"
+
+
+def submit(cluster, folder, *options):
+    return cluster.submit(
+        folder / "train.sh", f"--output={folder}/job.out", *options, cwd=folder
+    )
+
+
+def wait_until_waiting(cluster, folder, job):
+    deadline = time.monotonic() + 120
+    while not (folder / "waiting").exists():
+        state = cluster.job(job)["JobState"]
+        assert state in ("PENDING", "RUNNING") and time.monotonic() < deadline, (
+            f"job {job} {state} before it waited for a signal:\n"
+            + (folder / "job.out").read_text()[-3000:]
+        )
+        time.sleep(0.1)
+
+
+def assert_saved_within_grace(folder):
+    """The chief's backup, written after the signal, within the grace time,
+    at the step where the workers stopped together."""
+    signalled = float((folder / "signalled_worker_0").read_text())
+    saved = os.path.getmtime(folder / "backup" / "latest.weights.h5")
+    assert 0 < saved - signalled < slurm_cluster.GRACE_TIME
+    position = json.loads((folder / "backup" / "training_metadata.json").read_text())
+    assert position["epoch"] * 5 + position["batches_done"] == DONE
+    return saved - signalled
+
+
+def assert_resumed_as_one_device(folder, workers):
+    """Each worker of the last run trained the batches that were left and
+    ends, with the logs of every epoch (both runs), as one device."""
+    results = [json.loads((folder / f"worker_{i}.json").read_text()) for i in workers]
+    reference = results[0]["reference"]["ctl"]
+    for index, result in zip(workers, results):
+        logs = json.loads((folder / f"logs_ctl_worker_{index}.json").read_text())
+        assert result["ctl"]["batches"] == LEFT
+        return assert_one_device({**result["ctl"], "logs": logs}, reference)
+
+
+def test_the_docs_batch_script_saves_on_scancel_and_resumes_requeued(cluster, tmp_path):
+    """`scancel --signal=TERM`: both tasks save at the same step, exit 42,
+    the script requeues the job, and the requeued run ends as one device."""
+    batch_job(tmp_path)
+    job = submit(cluster, tmp_path)
+    wait_until_waiting(cluster, tmp_path, job)
+    cancel = cluster.run(["scancel", "--signal=TERM", job])
+    assert cancel.returncode == 0, children.output(cancel)
+    cluster.wait_for(job, ("PENDING",), timeout=60, restarts=1)
+    seconds = assert_saved_within_grace(tmp_path)
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+    fields = cluster.wait_for(job, ENDED, timeout=120)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (
+        tmp_path / "job.out"
+    ).read_text()[-3000:]
+    difference = assert_resumed_as_one_device(tmp_path, (0, 1))
+    print(f"scancel: saved {seconds:.1f} s after SIGTERM; {difference:.1e} off")
+
+
+def test_a_preempted_job_saves_in_its_grace_time_and_resumes_on_one_task(
+    cluster, tmp_path
+):
+    """A job of the `urgent` partition preempts the training job: Slurm sends
+    its `--signal=TERM@60` warning at once, the tasks save within the
+    partition's grace time and the job is requeued. Submitted again with
+    `--ntasks=1`, it resumes the two workers' backup on one."""
+    batch_job(tmp_path)
+    job = submit(cluster, tmp_path)
+    wait_until_waiting(cluster, tmp_path, job)
+    urgent = cluster.run(
+        ["sbatch", "--parsable", "--partition=urgent", "--ntasks=2", "--wrap=true"]
+    )
+    assert urgent.returncode == 0, children.output(urgent)
+    cluster.wait_for(job, ("PENDING",), timeout=60, restarts=1)
+    seconds = assert_saved_within_grace(tmp_path)
+    # Slurm keeps a requeued job's task count: the same script, on one task.
+    cluster.run(["scancel", job])
+    again = submit(cluster, tmp_path, "--ntasks=1")
+    fields = cluster.wait_for(again, ENDED, timeout=120)
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (
+        tmp_path / "job.out"
+    ).read_text()[-3000:]
+    difference = assert_resumed_as_one_device(tmp_path, (0,))
+    print(f"preempted: saved {seconds:.1f} s after SIGTERM; {difference:.1e} off")
+
+
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")

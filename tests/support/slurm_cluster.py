@@ -1,7 +1,9 @@
 """A real Slurm cluster on this machine, for the tests: `munged`,
 `slurmctld` and `slurmd` (the system's packages `munge` and `slurm-wlm`,
-run as root), one node of 2 CPUs named `localhost` (127.0.0.1), one
-partition, a configuration written into a temporary folder, and ports the
+run as root), one node of 2 CPUs named `localhost` (127.0.0.1), two
+partitions (a job in `urgent` preempts the jobs of `main`, the default:
+Slurm sends their `--signal` warning at once, gives them `GRACE_TIME` s,
+and requeues them), a configuration written into a temporary folder, and ports the
 tests picked: the daemons', and the range Slurm reserves for each step
 (`MpiParams=ports`, given to the tasks as `SLURM_STEP_RESV_PORTS`).
 
@@ -48,8 +50,16 @@ JobRequeue=1
 ReturnToService=2
 SchedulerParameters=sched_min_interval=0
 NodeName=localhost NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
-PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+PartitionName=main Nodes=localhost Default=YES MaxTime=INFINITE State=UP \
+PriorityTier=1 PreemptMode=REQUEUE GraceTime={grace_time}
+PartitionName=urgent Nodes=localhost MaxTime=INFINITE State=UP PriorityTier=2 \
+PreemptMode=OFF
 """
+# Seconds a preempted job of `main` has between its signal and SIGKILL.
+GRACE_TIME = 30
 
 
 @dataclasses.dataclass
@@ -82,12 +92,13 @@ class Cluster:
             fields.setdefault(key, value)
         return fields
 
-    def wait_for(self, job_id, states, timeout):
-        """Waits until the job is in one of `states`; returns its fields."""
+    def wait_for(self, job_id, states, timeout, restarts=0):
+        """Waits until the job is in one of `states`, requeued `restarts`
+        times or more; returns its fields."""
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(job_id)
-            if fields["JobState"] in states:
+            if fields["JobState"] in states and int(fields["Restarts"]) >= restarts:
                 return fields
             assert time.monotonic() < deadline, (
                 f"job {job_id} still {fields['JobState']} after {timeout} s, "
@@ -132,9 +143,12 @@ def running(folder, timeout=60):
             slurmd_port=slurmd_port,
             first_step_port=step_ports[0],
             last_step_port=step_ports[-1],
+            grace_time=GRACE_TIME,
         )
     )
-    env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"))
+    # This interpreter first on PATH: `python` in a job script is the tests'.
+    path = os.path.dirname(children.PYTHON) + os.pathsep + os.environ["PATH"]
+    env = dict(os.environ, SLURM_CONF=str(folder / "slurm.conf"), PATH=path)
     daemons = []
     cluster = Cluster(folder, env, step_ports)
     try:
@@ -170,7 +184,8 @@ def _start(command, env, folder):
 
 def _node_state(cluster):
     result = cluster.run(["sinfo", "--noheader", "--format=%t"], timeout=20)
-    return result.stdout.strip() if result.returncode == 0 else None
+    states = set(result.stdout.split())  # a line for each partition
+    return states.pop() if result.returncode == 0 and len(states) == 1 else None
 
 
 def _wait(condition, timeout, what, cluster):
