@@ -86,13 +86,8 @@ def batch_job(folder):
         "wait_at": WAIT_AT,
     }
     (folder / "train.sh").write_text(docs_batch_script())
-    script = os.path.join(children.HERE, "cluster_child.py")
-    (folder / "train.py").write_text(
-        "import runpy, sys\n"
-        f"sys.path.insert(0, {children.HERE!r})\n"
-        f"sys.argv = ['cluster_child.py', {json.dumps(config)!r}]\n"
-        f"runpy.run_path({script!r}, run_name='__main__')\n"
-    )
+    script = children.script_of("cluster_child.py", json.dumps(config))
+    (folder / "train.py").write_text(script)
     return folder / "train.sh"
 
 

@@ -9,7 +9,9 @@ strategy ("multiworker": `keras_ctl.strategies.multi_worker_strategy()`;
 backup (optional: a folder for `keras_ctl.callbacks.BackupAndRestore`),
 wait_at (optional: [epoch, batch] of "ctl" where the process waits for
 SIGTERM, after writing `out/waiting`; the time it arrives goes to
-`out/signalled_<name>`).
+`out/signalled_<name>`), save (optional: the chief saves "ctl" as
+`out/ctl.keras`). Under `TF_CONFIG` of task type `evaluator`, the process
+waits for that file, evaluates the model and writes `out/evaluator_0.json`.
 
 Everything trains in float64, batch 8 on 33 examples: the last batch has
 one example, so under 2 replicas one of them is empty. Each process writes
@@ -28,10 +30,13 @@ import time
 
 config = json.loads(sys.argv[1])
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+TASK = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
 
 from keras_ctl import strategies  # noqa: E402
 
-if config["strategy"] == "parameter_server":
+if TASK.get("type") == "evaluator":  # outside the training cluster
+    strategy = None
+elif config["strategy"] == "parameter_server":
     strategy = strategies.parameter_server_strategy()
 else:
     strategy = strategies.multi_worker_strategy()
@@ -46,7 +51,12 @@ keras.config.set_floatx("float64")
 OUT = pathlib.Path(config["out"])
 EXAMPLES, BATCH, EPOCHS = 33, 8, 3
 resolver = getattr(strategy, "cluster_resolver", None)
-NAME = f"{resolver.task_type}_{resolver.task_id}" if resolver else "worker_0"
+if strategy is None:
+    NAME = "evaluator_0"
+elif resolver is not None and resolver.task_type is not None:
+    NAME = f"{resolver.task_type}_{resolver.task_id}"
+else:
+    NAME = "chief_0"  # the coordinator of parameter servers
 
 
 def ctl_data():
@@ -93,11 +103,15 @@ def train(name, on, callbacks=()):
         verbose=0,
         callbacks=[*callbacks, counted],
     )
+    TRAINED[name] = model
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "logs": counted.epochs,
         "batches": counted.batches,
     }
+
+
+TRAINED = {}
 
 
 def one_device(name):
@@ -113,7 +127,14 @@ def one_device(name):
         str(epoch): {key: float(values[epoch]) for key, values in history.items()}
         for epoch in range(epochs)
     }
-    return {"weights": [w.tolist() for w in model.get_weights()], "logs": logs}
+    evaluated = (
+        model.evaluate(x, y, batch_size=BATCH, verbose=0) if name == "ctl" else None
+    )
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "logs": logs,
+        "evaluate": evaluated,
+    }
 
 
 class BatchesAndLogs(keras.callbacks.Callback):
@@ -165,6 +186,21 @@ class WaitForSignal(keras.callbacks.Callback):
             time.sleep(0.05)
 
 
+def evaluate_saved_model():
+    """The evaluator's work: the model the chief saved, evaluated."""
+    path = OUT / "ctl.keras"
+    deadline = time.monotonic() + 240
+    while not path.exists():
+        assert time.monotonic() < deadline, "the chief saved no model"
+        time.sleep(0.2)
+    model = keras.models.load_model(path)
+    return {"evaluate": model.evaluate(*ctl_data(), batch_size=BATCH, verbose=0)}
+
+
+if strategy is None:
+    (OUT / f"{NAME}.json").write_text(json.dumps(evaluate_saved_model()))
+    sys.exit(0)
+
 results = {}
 for name in config["models"]:
     callbacks = []
@@ -175,4 +211,7 @@ for name in config["models"]:
     results[name] = train(name, strategy, callbacks)
 if strategies.is_chief(strategy):  # outside any scope: one device
     results["reference"] = {name: one_device(name) for name in config["models"]}
+if config.get("save"):  # the chief's model, for an evaluator
+    TRAINED["ctl"].save(OUT / "saving.keras")
+    os.replace(OUT / "saving.keras", OUT / "ctl.keras")
 (OUT / f"{NAME}.json").write_text(json.dumps(results))
