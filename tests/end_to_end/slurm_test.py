@@ -60,11 +60,13 @@ def test_srun_tasks_train_as_one_device(cluster, tmp_path):
     print(f"srun: {max(differences):.1e} off one device")
 
 
-# A job of the docs' batch script: its tasks wait after batch 2 of epoch 2
-# (of 3 epochs of 5 batches) until SIGTERM arrives; the workers stop after
-# the next step, with 8 batches trained, and the resumed run trains 7.
-WAIT_AT = [1, 1]
-DONE, LEFT = 8, 7
+# A job of the docs' batch script, 3 epochs of 5 batches: its tasks wait
+# for SIGTERM after batch 3 of the first run and after batch 8 (the third
+# of epoch 2) of the second; each time the workers stop after the next
+# step: 4 batches trained, then 5, and the last run trains the 6 left.
+WAIT_AT = [[0, 2], [1, 2]]
+DONE = (4, 9)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
 def docs_batch_script():
@@ -88,7 +90,6 @@ def batch_job(folder):
     (folder / "train.sh").write_text(docs_batch_script())
     script = children.script_of("cluster_child.py", json.dumps(config))
     (folder / "train.py").write_text(script)
-    return folder / "train.sh"
 
 
 def submit(cluster, folder, *options):
@@ -97,9 +98,9 @@ def submit(cluster, folder, *options):
     )
 
 
-def wait_until_waiting(cluster, folder, job):
+def wait_until_waiting(cluster, folder, job, point):
     deadline = time.monotonic() + 120
-    while not (folder / "waiting").exists():
+    while not (folder / f"waiting_{point}").exists():
         state = cluster.job(job)["JobState"]
         assert state in ("PENDING", "RUNNING") and time.monotonic() < deadline, (
             f"job {job} {state} before it waited for a signal:\n"
@@ -108,63 +109,52 @@ def wait_until_waiting(cluster, folder, job):
         time.sleep(0.1)
 
 
-def assert_saved_within_grace(folder):
+def assert_saved_within_grace(folder, point):
     """The chief's backup, written after the signal, within the grace time,
-    at the step where the workers stopped together."""
-    signalled = float((folder / "signalled_worker_0").read_text())
+    at the step where the workers stopped together; returns the seconds."""
+    signalled = float((folder / f"signalled_{point}_worker_0").read_text())
     saved = os.path.getmtime(folder / "backup" / "latest.weights.h5")
     assert 0 < saved - signalled < slurm_cluster.GRACE_TIME
     position = json.loads((folder / "backup" / "training_metadata.json").read_text())
-    assert position["epoch"] * 5 + position["batches_done"] == DONE
+    assert position["epoch"] * 5 + position["batches_done"] == DONE[point]
+    assert position["replicas"] == 2
     return saved - signalled
 
 
-def assert_resumed_as_one_device(folder, workers):
-    """Each worker of the last run trained the batches that were left and
-    ends, with the logs of every epoch (both runs), as one device."""
-    results = [json.loads((folder / f"worker_{i}.json").read_text()) for i in workers]
-    reference = results[0]["reference"]["ctl"]
-    for index, result in zip(workers, results):
-        logs = json.loads((folder / f"logs_ctl_worker_{index}.json").read_text())
-        assert result["ctl"]["batches"] == LEFT
-        return assert_one_device({**result["ctl"], "logs": logs}, reference)
+def requeued(cluster, job, times, folder):
+    """Waits until Slurm holds `job` requeued `times` times."""
+    fields = cluster.wait_for(job, ("PENDING",), timeout=60, restarts=times)
+    assert int(fields["Restarts"]) == times, (folder / "job.out").read_text()[-3000:]
 
 
-def test_the_docs_batch_script_saves_on_scancel_and_resumes_requeued(cluster, tmp_path):
-    """`scancel --signal=TERM`: both tasks save at the same step, exit 42,
-    the script requeues the job, and the requeued run ends as one device."""
-    batch_job(tmp_path)
-    job = submit(cluster, tmp_path)
-    wait_until_waiting(cluster, tmp_path, job)
-    cancel = cluster.run(["scancel", "--signal=TERM", job])
-    assert cancel.returncode == 0, children.output(cancel)
-    cluster.wait_for(job, ("PENDING",), timeout=60, restarts=1)
-    seconds = assert_saved_within_grace(tmp_path)
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-    fields = cluster.wait_for(job, ENDED, timeout=120)
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (
-        tmp_path / "job.out"
-    ).read_text()[-3000:]
-    difference = assert_resumed_as_one_device(tmp_path, (0, 1))
-    print(f"scancel: saved {seconds:.1f} s after SIGTERM; {difference:.1e} off")
-
-
-def test_a_preempted_job_saves_in_its_grace_time_and_resumes_on_one_task(
+def test_the_docs_batch_script_saves_on_notice_and_resumes_when_requeued(
     cluster, tmp_path
 ):
-    """A job of the `urgent` partition preempts the training job: Slurm sends
-    its `--signal=TERM@60` warning at once, the tasks save within the
-    partition's grace time and the job is requeued. Submitted again with
-    `--ntasks=1`, it resumes the two workers' backup on one."""
+    """The guide's batch script on 2 tasks: `scancel --signal=TERM`, then a
+    preemption by a job of the `urgent` partition (Slurm sends the script's
+    `--signal=TERM@60` warning at once and gives it the partition's grace
+    time); each time both tasks save at the same step and exit 42, the job
+    is requeued (by the script, or by Slurm) and resumes. Submitted again
+    with `--ntasks=1`, the last run resumes the 2 workers' backup on one
+    worker and ends with one device's weights and logs."""
     batch_job(tmp_path)
     job = submit(cluster, tmp_path)
-    wait_until_waiting(cluster, tmp_path, job)
+    wait_until_waiting(cluster, tmp_path, job, 0)
+    cancel = cluster.run(["scancel", "--signal=TERM", job])
+    assert cancel.returncode == 0, children.output(cancel)
+    requeued(cluster, job, 1, tmp_path)
+    seconds = [assert_saved_within_grace(tmp_path, 0)]
+    # Slurm starts a requeued job after 2 minutes: at once here.
+    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+
+    wait_until_waiting(cluster, tmp_path, job, 1)
     urgent = cluster.run(
         ["sbatch", "--parsable", "--partition=urgent", "--ntasks=2", "--wrap=true"]
     )
     assert urgent.returncode == 0, children.output(urgent)
-    cluster.wait_for(job, ("PENDING",), timeout=60, restarts=1)
-    seconds = assert_saved_within_grace(tmp_path)
+    requeued(cluster, job, 2, tmp_path)
+    seconds.append(assert_saved_within_grace(tmp_path, 1))
+
     # Slurm keeps a requeued job's task count: the same script, on one task.
     cluster.run(["scancel", job])
     again = submit(cluster, tmp_path, "--ntasks=1")
@@ -172,8 +162,9 @@ def test_a_preempted_job_saves_in_its_grace_time_and_resumes_on_one_task(
     assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), (
         tmp_path / "job.out"
     ).read_text()[-3000:]
-    difference = assert_resumed_as_one_device(tmp_path, (0,))
-    print(f"preempted: saved {seconds:.1f} s after SIGTERM; {difference:.1e} off")
-
-
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    result = json.loads((tmp_path / "worker_0.json").read_text())
+    assert result["ctl"]["batches"] == 15 - DONE[1]
+    logs = json.loads((tmp_path / "logs_ctl_worker_0.json").read_text())
+    got = {**result["ctl"], "logs": logs}  # the epochs of the three runs
+    difference = assert_one_device(got, result["reference"]["ctl"])
+    print(f"requeued: saved {seconds} s after SIGTERM; {difference:.1e} off")

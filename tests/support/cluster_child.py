@@ -7,10 +7,9 @@ CONFIG_JSON keys: out (a folder), models (among "ctl" and "gan"),
 strategy ("multiworker": `keras_ctl.strategies.multi_worker_strategy()`;
 "parameter_server": `parameter_server_strategy()`, on the chief),
 backup (optional: a folder for `keras_ctl.callbacks.BackupAndRestore`),
-wait_at (optional: [epoch, batch] of "ctl" where the process waits for
-SIGTERM, after writing `out/waiting`; the time it arrives goes to
-`out/signalled_<name>`), save (optional: the chief saves "ctl" as
-`out/ctl.keras`). Under `TF_CONFIG` of task type `evaluator`, the process
+wait_at (optional: [epoch, batch] points of "ctl" where the processes
+wait for SIGTERM, one a run: `WaitForSignal`), save (optional: the chief
+saves "ctl" as `out/ctl.keras`). Under `TF_CONFIG` of task type `evaluator`, the process
 waits for that file, evaluates the model and writes `out/evaluator_0.json`.
 
 Everything trains in float64, batch 8 on 33 examples: the last batch has
@@ -155,20 +154,28 @@ class BatchesAndLogs(keras.callbacks.Callback):
 
 
 class WaitForSignal(keras.callbacks.Callback):
-    """At (epoch, batch), waits until SIGTERM arrives (at most 120 s); the
+    """At each of `points` ((epoch, batch) pairs), once over the restarts,
+    the chief writes `out/waiting_<i>` and every process waits until SIGTERM
+    arrives (at most 120 s), noting when in `out/signalled_<i>_<name>`; the
     handler of `BackupAndRestore` (before this callback) still acts on it."""
 
-    def __init__(self, epoch, batch):
+    def __init__(self, points):
         super().__init__()
-        self.at, self.epoch, self.arrived = (epoch, batch), 0, None
+        self.points = [tuple(point) for point in points]
+        self.epoch, self.arrived = 0, None
 
     def on_train_begin(self, logs=None):
+        # This run's point: the first one no signal reached in earlier runs.
+        self.point = sum(
+            any(OUT.glob(f"signalled_{i}_*")) for i in range(len(self.points))
+        )
         previous = signal.getsignal(signal.SIGTERM)
 
         def noted(signum, frame):
             if self.arrived is None:
                 self.arrived = time.time()
-                (OUT / f"signalled_{NAME}").write_text(str(self.arrived))
+                path = OUT / f"signalled_{self.point}_{NAME}"
+                path.write_text(str(self.arrived))
             previous(signum, frame)
 
         signal.signal(signal.SIGTERM, noted)
@@ -177,10 +184,13 @@ class WaitForSignal(keras.callbacks.Callback):
         self.epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if (self.epoch, batch) != self.at or any(OUT.glob("signalled_*")):
-            return  # not here, or a run after the signal
+        if (
+            self.point == len(self.points)
+            or (self.epoch, batch) != self.points[self.point]
+        ):
+            return
         if strategies.is_chief(strategy):
-            (OUT / "waiting").write_text(str(time.time()))
+            (OUT / f"waiting_{self.point}").write_text(str(time.time()))
         deadline = time.monotonic() + 120
         while self.arrived is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -207,7 +217,7 @@ for name in config["models"]:
     if config.get("backup"):
         callbacks.append(keras_ctl.callbacks.BackupAndRestore(config["backup"]))
     if config.get("wait_at") and name == "ctl":
-        callbacks.append(WaitForSignal(*config["wait_at"]))
+        callbacks.append(WaitForSignal(config["wait_at"]))
     results[name] = train(name, strategy, callbacks)
 if strategies.is_chief(strategy):  # outside any scope: one device
     results["reference"] = {name: one_device(name) for name in config["models"]}
