@@ -121,10 +121,10 @@ def assert_saved_within_grace(folder, point):
     return saved - signalled
 
 
-def requeued(cluster, job, times, folder):
-    """Waits until Slurm holds `job` requeued `times` times."""
-    fields = cluster.wait_for(job, ("PENDING",), timeout=60, restarts=times)
-    assert int(fields["Restarts"]) == times, (folder / "job.out").read_text()[-3000:]
+def requeued(cluster, job, times):
+    """Waits until Slurm holds `job` pending, requeued `times` times (or
+    more: the script and a preemption may both requeue it)."""
+    cluster.wait_for(job, ("PENDING",), timeout=60, restarts=times)
 
 
 def test_the_docs_batch_script_saves_on_notice_and_resumes_when_requeued(
@@ -142,9 +142,13 @@ def test_the_docs_batch_script_saves_on_notice_and_resumes_when_requeued(
     wait_until_waiting(cluster, tmp_path, job, 0)
     cancel = cluster.run(["scancel", "--signal=TERM", job])
     assert cancel.returncode == 0, children.output(cancel)
-    requeued(cluster, job, 1, tmp_path)
+    requeued(cluster, job, 1)
     seconds = [assert_saved_within_grace(tmp_path, 0)]
-    # Slurm starts a requeued job after 2 minutes: at once here.
+    # Slurm starts a requeued job after 2 minutes; here at once, but in a
+    # later second than the requeue, which revoked the credentials of the
+    # run before it (a job started in that second is killed: "Job
+    # credential revoked").
+    time.sleep(2)
     cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
 
     wait_until_waiting(cluster, tmp_path, job, 1)
@@ -152,7 +156,7 @@ def test_the_docs_batch_script_saves_on_notice_and_resumes_when_requeued(
         ["sbatch", "--parsable", "--partition=urgent", "--ntasks=2", "--wrap=true"]
     )
     assert urgent.returncode == 0, children.output(urgent)
-    requeued(cluster, job, 2, tmp_path)
+    requeued(cluster, job, 2)
     seconds.append(assert_saved_within_grace(tmp_path, 1))
 
     # Slurm keeps a requeued job's task count: the same script, on one task.
