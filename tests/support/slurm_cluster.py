@@ -176,10 +176,15 @@ def _munged(folder):
 
 
 def _start(command, env, folder):
-    log = open(folder / f"{command[0]}.out", "w")  # noqa: SIM115 - the daemon's
-    return subprocess.Popen(
-        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    """Starts a daemon in the foreground (its process id is the daemon's)."""
+    with open(folder / f"{command[0]}.out", "w") as log:
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _node_state(cluster):
@@ -216,6 +221,11 @@ def _stop(cluster, daemons):
     for pid in _cluster_processes(cluster, ()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _cluster_processes(cluster, ()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _cluster_processes(cluster, ())
+    assert not left, f"processes of the Slurm cluster left running: {left}"
 
 
 def _cluster_processes(cluster, daemons):
