@@ -50,6 +50,12 @@ def test_srun_tasks_train_as_one_device(cluster, tmp_path):
     )
     assert result.returncode == 0, children.output(result) + cluster.logs()
     workers = [json.loads((tmp_path / f"worker_{i}.json").read_text()) for i in (0, 1)]
+    assert "TF_CONFIG" not in cluster.env
+    for worker in workers:  # keras_ctl's resolution: a CPU node
+        assert worker["resolver"] == "SimpleClusterResolver"
+        addresses = worker["cluster"]["worker"]
+        assert [a.split(":")[0] for a in addresses] == ["localhost", "localhost"]
+        assert all(int(a.split(":")[1]) in cluster.step_ports for a in addresses)
     reference = workers[0]["reference"]
     differences = [
         assert_one_device(worker[name], reference[name])

@@ -211,7 +211,10 @@ if strategy is None:
     (OUT / f"{NAME}.json").write_text(json.dumps(evaluate_saved_model()))
     sys.exit(0)
 
-results = {}
+results = {
+    "cluster": resolver.cluster_spec().as_dict() if resolver else None,
+    "resolver": type(resolver).__name__,
+}
 for name in config["models"]:
     callbacks = []
     if config.get("backup"):
