@@ -134,11 +134,15 @@ def _validate(parser, args):
             name = "--" + flag.replace("_", "-")
             parser.error(f"{name} must be >= 1. Received: {name} {value}")
     strategy = getattr(args, "strategy", "mirrored")
-    if strategy == "multiworker" and not os.environ.get("TF_CONFIG"):
+    # The tasks of an `srun` step are a cluster too (keras_ctl.distribute.slurm).
+    in_cluster = os.environ.get("TF_CONFIG") or "SLURM_STEP_ID" in os.environ
+    if strategy == "multiworker" and not in_cluster:
         parser.error(
-            "--strategy multiworker needs a cluster in TF_CONFIG. Received: no "
-            "TF_CONFIG. Start it with `keras-ctl launch --workers N -- keras-ctl "
-            "train ... --strategy multiworker`, or set TF_CONFIG on each machine."
+            "--strategy multiworker needs a cluster in TF_CONFIG or a Slurm step. "
+            "Received: no TF_CONFIG, and no SLURM_STEP_ID. Start it with "
+            "`keras-ctl launch --workers N -- keras-ctl train ... --strategy "
+            "multiworker`, with `srun -n N keras-ctl train ... --strategy "
+            "multiworker` under Slurm, or set TF_CONFIG on each machine."
         )
     if strategy in ("default", "onedevice") and args.replicas != 1:
         parser.error(

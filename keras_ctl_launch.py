@@ -23,8 +23,9 @@ itself does not restart.
 
 The script builds `tf.distribute.MultiWorkerMirroredStrategy()` (or
 `keras_ctl.strategies.multi_worker_strategy()`), which reads `TF_CONFIG`. On
-real machines, run the same script once per machine with `TF_CONFIG` (or a
-cluster resolver such as `SlurmClusterResolver`) describing the cluster;
+real machines, run the same script once per machine with `TF_CONFIG`
+describing the cluster (a Kubernetes operator writes it), or as the tasks
+of `srun` under Slurm, which `multi_worker_strategy()` reads without it;
 this launcher is only the local stand-in.
 
 With `--ps M`, the cluster is a parameter-server one:

@@ -196,7 +196,7 @@ class GAN(CTLModel):
         real, latents, _ = keras.utils.unpack_x_y_sample_weight(data)
         self._check_shapes(real, latents)
         # The placeholder example of an empty replica weighs nothing.
-        weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, "float32"))
+        weight = tf.fill([tf.shape(real)[0]], tf.cast(batch_size > 0, self._loss_dtype))
         # Every phase divides by the same global count: one collective.
         global_weight = blocks.all_reduce_sum(tf.reduce_sum(weight))
         # Each replica adds its share and 1/R of a step: the mean over steps.
@@ -255,14 +255,15 @@ class GAN(CTLModel):
         ```
         """
         if weight is None:
-            weight = tf.ones([tf.shape(real)[0]], "float32")
+            weight = tf.ones([tf.shape(real)[0]], self._loss_dtype)
         fake = self.generator(latents)
         combined = tf.concat([fake, tf.cast(real, fake.dtype)], axis=0)
         labels = tf.concat([tf.ones_like(weight), tf.zeros_like(weight)], axis=0)[
             :, None
         ]
         if self.label_noise:
-            labels += self.label_noise * self._label_noise(tf.shape(weight)[0])
+            noise = self._label_noise(tf.shape(weight)[0])
+            labels += self.label_noise * tf.cast(noise, labels.dtype)
         weights = tf.concat([weight, weight], axis=0)
         variables = self.discriminator.trainable_weights
         with tf.GradientTape() as tape:
@@ -313,7 +314,7 @@ class GAN(CTLModel):
         ```
         """
         if weight is None:
-            weight = tf.ones([tf.shape(latents)[0]], "float32")
+            weight = tf.ones([tf.shape(latents)[0]], self._loss_dtype)
         misleading_labels = tf.zeros_like(weight)[:, None]
         variables = self.generator.trainable_weights
         with tf.GradientTape() as tape:
@@ -340,7 +341,7 @@ class GAN(CTLModel):
         """
         # Layer losses first: a later all-reduce may swap them (replica threads).
         regularization = blocks.scaled_regularization_loss(model.losses)
-        predictions = tf.cast(predictions, "float32")
+        predictions = tf.cast(predictions, self._loss_dtype)
         if isinstance(self.loss_fn, keras.losses.Loss):
             per_example = self.loss_fn.call(labels, predictions)
         else:
@@ -351,6 +352,13 @@ class GAN(CTLModel):
             global_weight = None
         mean = blocks.global_mean(per_example, weights, global_weight=global_weight)
         return mean + regularization
+
+    @property
+    def _loss_dtype(self) -> str:
+        """float32 (mixed precision's losses too), or float64 for a float64
+        discriminator: its losses round off no more than its weights."""
+        dtype = self.discriminator.compute_dtype
+        return "float64" if dtype == "float64" else "float32"
 
     def _check_shapes(self, real: tf.Tensor, latents: tf.Tensor | None) -> None:
         """Names the argument when the data cannot fit the two models (the

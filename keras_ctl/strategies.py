@@ -10,6 +10,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_ctl import _checks
+from keras_ctl.distribute import slurm
 from keras_ctl.distribute import topology
 
 
@@ -69,17 +70,24 @@ def local_mirrored_strategy(replicas: int) -> tf.distribute.MirroredStrategy:
 
 
 def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
-    """Returns a `MultiWorkerMirroredStrategy` for the cluster in `TF_CONFIG`.
+    """Returns a `MultiWorkerMirroredStrategy` for the cluster in `TF_CONFIG`,
+    or for the tasks of the Slurm step it runs in.
 
     Call it first in the script, before other TensorFlow calls (TensorFlow
     must configure its collectives before it starts). Under
-    `python -m keras_ctl.launch`, `TF_CONFIG` names the local workers.
+    `python -m keras_ctl.launch`, `TF_CONFIG` names the local workers (a
+    Kubernetes operator writes it in each pod too). Without `TF_CONFIG`,
+    under `srun -n N python train.py` the N tasks are the workers, on the
+    ports Slurm reserved for the step (`SLURM_STEP_RESV_PORTS`), else on
+    8888 and up on each node; on GPU and CPU nodes alike.
 
     Returns:
         A `tf.distribute.MultiWorkerMirroredStrategy`.
 
     Raises:
-        RuntimeError: if `TF_CONFIG` is not set.
+        RuntimeError: if `TF_CONFIG` is not set and this is not a task of a
+            Slurm step, or the step's variables are incomplete (naming the
+            missing one).
 
     Example:
 
@@ -99,14 +107,18 @@ def multi_worker_strategy() -> tf.distribute.MultiWorkerMirroredStrategy:
     print(history.history["loss"])  # the same on every worker: one device's
     ```
     """
-    if not os.environ.get("TF_CONFIG"):
-        raise RuntimeError(
-            "MultiWorkerMirroredStrategy needs the cluster in `TF_CONFIG`. "
-            "Received: no TF_CONFIG. Start the script with "
-            "`python -m keras_ctl.launch --workers N -- python script.py`, "
-            "or set TF_CONFIG on every machine."
-        )
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    if os.environ.get("TF_CONFIG"):
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if slurm.in_step():
+        resolver = slurm.cluster_resolver()
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    raise RuntimeError(
+        "MultiWorkerMirroredStrategy needs the cluster in `TF_CONFIG` or a "
+        "Slurm step. Received: no TF_CONFIG, and no SLURM_STEP_ID. Start the "
+        "script with `python -m keras_ctl.launch --workers N -- python "
+        "script.py`, with `srun -n N python script.py` under Slurm, or set "
+        "TF_CONFIG on every machine."
+    )
 
 
 def parameter_server_strategy(
@@ -244,10 +256,12 @@ def worker_count(strategy: tf.distribute.Strategy | None = None) -> int:
 
 
 def task_index() -> int:
-    """This worker's index in the cluster of `TF_CONFIG` (0 without one).
+    """This worker's index in the cluster of `TF_CONFIG`, or in the Slurm
+    step it runs in (0 without either).
 
     Returns:
-        `task.index` of `TF_CONFIG`, or 0.
+        `task.index` of `TF_CONFIG`, else `SLURM_PROCID` in a Slurm step
+        (`srun`), else 0.
 
     Example:
 
@@ -257,6 +271,8 @@ def task_index() -> int:
     ```
     """
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    if not config and slurm.in_step():
+        return slurm.rank()
     return int(config.get("task", {}).get("index", 0))
 
 

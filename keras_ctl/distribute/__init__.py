@@ -6,7 +6,8 @@ modules ask it instead of testing strategy classes.
 - `preemption`: a signal as a notice that every worker stops on at the
   same step;
 - `chief_writes`: under several workers, the user's files written by the
-  chief only.
+  chief only;
+- `slurm`: the cluster of a Slurm job step, from the variables `srun` sets.
 
 The local cluster launcher is `keras_ctl.launch`; the parameter-server loop
 is the engine's (`keras_ctl._engine.parameter_servers`).

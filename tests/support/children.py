@@ -89,3 +89,15 @@ def json_written(command, out, *, timeout):
 def output(result):
     """The end of a finished child's output, for assertion messages."""
     return result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def script_of(child, *arguments):
+    """The text of a script that runs the child script `child` (of this
+    folder) with `arguments`: the `train.py` a cluster's job runs."""
+    path = os.path.join(HERE, child)
+    return (
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        f"sys.argv = {[child, *map(str, arguments)]!r}\n"
+        f"runpy.run_path({path!r}, run_name='__main__')\n"
+    )

@@ -48,6 +48,18 @@ def test_multiworker_without_a_cluster_says_how_to_start_one(capsys, monkeypatch
     assert "Received: no TF_CONFIG" in error and "keras-ctl launch" in error
 
 
+def test_multiworker_in_a_slurm_step_needs_no_tf_config(monkeypatch, tmp_path):
+    """Under `srun`, the step's tasks are the cluster (`slurm_test.py` runs
+    `multi_worker_strategy()` there, which `--strategy multiworker` calls)."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    parser = keras_ctl_cli.build_parser()
+    argv = ["train", "gan", "--strategy", "multiworker", "--out", str(tmp_path)]
+    args = parser.parse_args(argv)
+    keras_ctl_cli._validate(parser, args)  # no usage error
+    assert args.strategy == "multiworker" and args.out == str(tmp_path)
+
+
 @pytest.mark.parametrize("where", ["the file", "below the file"])
 def test_out_pointing_at_a_file_is_a_usage_error(capsys, tmp_path, where):
     existing = tmp_path / "notes.txt"
