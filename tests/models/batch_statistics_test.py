@@ -76,6 +76,7 @@ def largest_difference(a, b):
     return max(float(np.max(np.abs(u - v))) for u, v in zip(a, b))
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("run_eagerly", [False, True], ids=["traced", "run_eagerly"])
 def test_global_batch_statistics_equal_one_device(run_eagerly):
     expected, expected_loss, _ = one_device()

@@ -17,6 +17,7 @@ import keras_ctl
 from keras_ctl._engine import state as engine_state
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("kind", sorted(compiled_losses.LOSSES))
 def test_a_compiled_loss_of_ones_own_equals_one_device(kind):
     _, expected = compiled_losses.run(kind, keras.Model, devices.get("default"))

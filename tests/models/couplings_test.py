@@ -8,6 +8,7 @@ import devices
 import pytest
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("seed", range(8))
 def test_a_coupling_ends_exact_or_stopped_by_name(seed):
     assert couplings.check(seed, devices.get("mirrored")) is None

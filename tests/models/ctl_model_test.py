@@ -158,6 +158,7 @@ def fit_on(strategy, model_fn, x, y, metrics=("accuracy",), **fit_kwargs):
     return model, history
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_keras_io_train_step_is_exact_under_mirrored():
     x, y = small_data(101)
     ref, ref_history = fit_on(
@@ -240,6 +241,7 @@ def test_predict_keeps_example_order(kind):
     )
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("kind", ["default", "mirrored"])
 def test_steps_per_execution_and_jit_compile_match_plain_steps(kind):
     x, y = small_data(101)

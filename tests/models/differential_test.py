@@ -30,6 +30,7 @@ FAST_SEEDS = (0, 9)
 STATE_SEEDS = (147, 353, 211, 107)
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("seed", FAST_SEEDS + STATE_SEEDS)
 def test_a_generated_configuration_equals_keras(seed):
     config = configurations.draw(seed)

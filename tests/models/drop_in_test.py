@@ -102,6 +102,7 @@ def test_a_subclass_overriding_compile_loads_as_keras_says(tmp_path):
     assert any("compile()` was not called" in str(w.message) for w in caught)
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 @pytest.mark.parametrize("case", sorted(set(reported.REPORTED) - reported.SLOW))
 def test_reported_configurations_equal_keras(case, strategy):
@@ -120,6 +121,7 @@ def test_a_weighted_scalar_loss_is_refused_under_replicas():
         configurations.run(config, CTLModel, devices.get("mirrored"))
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("strategy", ["default", "mirrored"])
 def test_a_loss_with_its_own_call_trains_as_on_one_device(strategy):
     # Its `__call__` skips Keras's reduction: its value is the batch's loss.

@@ -68,6 +68,7 @@ def stopped_and_resumed(folder, before, after, random_draws="per_replica"):
     return [str(w.message) for w in caught if "draws random" in str(w.message)]
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_a_model_drawing_per_replica_warns_when_resumed_on_another_count(tmp_path):
     [message] = stopped_and_resumed(str(tmp_path / "backup"), before=1, after=2)
     assert "written on 1 replica(s); this run has 2" in message

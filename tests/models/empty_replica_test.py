@@ -15,7 +15,9 @@ import pytest
 import keras_ctl
 
 
-@pytest.mark.parametrize("floatx", sorted(empty_replicas.TOLERANCE))
+@pytest.mark.parametrize(
+    "floatx", ["float32", pytest.param("float64", marks=pytest.mark.slow)]
+)
 def test_the_tutorial_classifier_with_an_empty_replica_equals_one_device(floatx):
     expected = empty_replicas.classifier_run(
         keras.Model, devices.get("default"), floatx
@@ -27,6 +29,7 @@ def test_the_tutorial_classifier_with_an_empty_replica_equals_one_device(floatx)
     assert difference <= empty_replicas.TOLERANCE[floatx]
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("name", sorted(empty_replicas.generated(2)))
 def test_every_rank_and_step_with_an_empty_replica_equals_one_device(name):
     config = empty_replicas.generated(2)[name]

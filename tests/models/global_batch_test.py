@@ -97,6 +97,7 @@ def one_device():
         return trained(OneDeviceComputeLoss, tf.distribute.get_strategy())
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize(
     "model_class, options",
     [

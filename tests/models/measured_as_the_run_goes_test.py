@@ -93,6 +93,7 @@ def dataset(kind):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize(
     "kind, step",
     [("warm_up", 4), ("padding", 8)],

@@ -14,6 +14,7 @@ import random_draws
 import keras_ctl
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("case", ["dense_layers", "own_step"])
 def test_two_replicas_draw_as_one_device(case):
     reference = random_draws.run(case, keras.Model, devices.get("default"))
@@ -75,6 +76,7 @@ def _run_warned(**compile_kwargs):
     return result, drawn
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_the_default_with_xla_under_replicas_draws_per_replica_and_warns_once():
     default, drawn = _run_warned(jit_compile=True)
     assert len(drawn) == 1
@@ -85,6 +87,7 @@ def test_the_default_with_xla_under_replicas_draws_per_replica_and_warns_once():
     assert random_draws.largest_difference(default, declared) == 0
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_a_layer_the_step_builds_seeds_its_dropout_as_on_one_device():
     # keras.io's speech transformer: its step builds MultiHeadAttention,
     # whose Dropout, made without a seed, draws one from Python's `random`

@@ -137,6 +137,7 @@ def largest_difference(case, examples, distributed=False):
     return max(float(np.max(np.abs(a - b))) for a, b in zip(got, expected, strict=True))
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("examples", [48, 49])
 @pytest.mark.parametrize(
     "case", ["noise_layers", "masked_step", *DRAWS_WITH_PARAMETERS]
@@ -145,6 +146,7 @@ def test_draws_follow_the_examples_on_static_and_dynamic_batches(case, examples)
     assert largest_difference(case, examples) <= 1e-12
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("examples", [48, 49])
 @pytest.mark.parametrize("case", ["noise_layers", "masked_step"])
 def test_draws_follow_the_examples_of_data_distributed_by_the_user(case, examples):

@@ -137,6 +137,7 @@ def test_a_loss_neither_mean_nor_sum_is_refused_before_training():
 
 # A sum over examples (keras.io's triplet siamese network) runs in shares,
 # measured on the first batch, as if declared.
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("kind", ["mean", "compiled", "shares", "sum"])
 def test_a_step_that_is_one_devices_trains_as_one_device(kind):
     with configurations.computing_in("float64"):

@@ -57,6 +57,7 @@ def test_the_declared_recipe_equals_one_device_in_every_spelling(spelling):
     assert_one_devices(lambda base: recipe_spellings.model_class(spelling, base))
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("spelling", recipe_spellings.UNDECLARED)
 def test_the_undeclared_recipe_is_refused_by_name_in_every_spelling(spelling):
     model_class = recipe_spellings.model_class(spelling, keras_ctl.CTLModel, False)
@@ -70,6 +71,7 @@ def test_the_undeclared_recipe_is_refused_by_name_in_every_spelling(spelling):
     assert "keras_ctl.all_gather" in message
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_a_replica_count_read_in_the_step_is_refused_and_one_read_outside_logs():
     with pytest.raises(ValueError, match="`keras_ctl.num_replicas`") as raised:
         trained(
@@ -81,6 +83,7 @@ def test_a_replica_count_read_in_the_step_is_refused_and_one_read_outside_logs()
     assert logs["replicas"] == [2, 2]
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("spelling", ["inline", "alias_import"])
 def test_gathered_rows_in_one_devices_code_equal_one_device(spelling):
     # No `1 / num_replicas()`, no declaration: the loss of the global batch
@@ -88,6 +91,7 @@ def test_gathered_rows_in_one_devices_code_equal_one_device(spelling):
     assert_one_devices(lambda base: recipe_spellings.one_devices_gather(base, spelling))
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 def test_a_batch_statistic_gathered_in_a_layer_equals_one_device():
     assert_one_devices(recipe_spellings.batch_statistic_in_a_layer)
 

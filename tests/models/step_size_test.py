@@ -58,6 +58,7 @@ if Version(keras.version()) >= Version("3.16.0.dev0"):
     PARTIAL_BATCH_RATIO["mirrored"] = {"mlp": 1.143, "mlp_dropout": 1.186}
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("strategy", ["mirrored", "default"])
 @pytest.mark.parametrize("name", step_size.MODELS)
 def test_the_step_grows_no_larger_than_measured(name, strategy):

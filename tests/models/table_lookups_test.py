@@ -102,6 +102,7 @@ def trained(base, step, dynamic_length, strategy):
     return model.get_weights()
 
 
+@pytest.mark.slow  # for the fast tier's time; the suite runs it
 @pytest.mark.parametrize("step", list(STEPS))
 @pytest.mark.parametrize("dynamic_length", [False, True], ids=["static", "dynamic"])
 def test_a_position_table_under_adam_equals_one_device(step, dynamic_length):
