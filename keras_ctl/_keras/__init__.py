@@ -8,7 +8,7 @@ public hook does the job. Every private name is looked up through
 checked when Keras moves it; its
 inventory is read off the source (`names.inventory()`), and a test checks
 each name against the installed Keras. Every change of Keras behaviour is
-one row of `replacements.REPLACEMENTS`, in place only while a keras_ctl
+one row of `table.REPLACEMENTS`, in place only while a keras_ctl
 call runs (`in_effect`); a row that one feature needs names the public
 class to wrap where a Keras lacks its private name (`fallback`), so that
 Keras disables nothing else. The supported range is declared in pyproject.toml
@@ -27,6 +27,7 @@ eager replica step runs, noted for `_example_dependence`), `replacements` (the t
 opened on first use, counting the batches they have left).
 """
 
+from keras_ctl._keras import layers  # noqa: F401  (registers its behaviours)
 from keras_ctl._keras import names
 from keras_ctl._keras.access import RAN_OUT_OF_DATA
 from keras_ctl._keras.access import add_metric_update

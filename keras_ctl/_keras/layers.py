@@ -5,13 +5,15 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._keras.state import without_placeholder
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_read_as_one_device
 from keras_ctl._replicas import with_placeholder_rows
 
 
+@registered
 def exact_sync_moments(original):
     """`BatchNormalization(synchronized=True)` counts only real examples,
     in one collective.
@@ -27,7 +29,7 @@ def exact_sync_moments(original):
 
     def compute_moments_sync(x, axes, keepdims):
         if (
-            not getattr(_in_step, "active", False)
+            not getattr(in_step, "active", False)
             or tf.distribute.get_replica_context() is None
         ):
             return original(x, axes, keepdims)
@@ -51,6 +53,7 @@ def exact_sync_moments(original):
     return compute_moments_sync
 
 
+@registered
 def moments_over_global_batch(original):
     """With `compile(batch_statistics="global")`, moments over the examples'
     axis in a training step under several replicas are the global
@@ -64,7 +67,7 @@ def moments_over_global_batch(original):
     def moments(x, axes, keepdims=False, synchronized=False):
         rank = x.shape.rank
         if (
-            getattr(_in_step, "batch_statistics", None) == "global"
+            getattr(in_step, "batch_statistics", None) == "global"
             and num_replicas() > 1
             and rank
             and 0 in [axis % rank for axis in axes]
@@ -75,6 +78,7 @@ def moments_over_global_batch(original):
     return moments
 
 
+@registered
 def layers_of_empty_batches(original):
     """A layer called by a step of one's own on a replica without examples
     computes on one placeholder example of zeros, whose row it drops from
@@ -93,9 +97,9 @@ def layers_of_empty_batches(original):
     """
 
     def call(self, *args, **kwargs):
-        if not getattr(_in_step, "active", False) or num_replicas() == 1:
+        if not getattr(in_step, "active", False) or num_replicas() == 1:
             return original(self, *args, **kwargs)
-        if getattr(_in_step, "real_examples", None) is not None:
+        if getattr(in_step, "real_examples", None) is not None:
             outputs = original(self, *args, **kwargs)
         else:
             outputs = _on_a_placeholder_if_empty(original, self, args, kwargs)
@@ -118,14 +122,15 @@ def _on_a_placeholder_if_empty(original, layer, args, kwargs):
     # The padded batch's static size: `None`, or 1 where TensorFlow knows
     # the batch was empty (run eagerly, or a static 0).
     size = padded[id(leaves[0])].shape[0]
-    _in_step.real_examples = rows
+    in_step.real_examples = rows
     try:
         outputs = original(layer, *args, **kwargs)
     finally:
-        _in_step.real_examples = None
+        in_step.real_examples = None
     return tree.map_structure(lambda t: _without_rows(t, missing, size), outputs)
 
 
+@registered
 def own_losses_of_this_replica(original):
     """A layer's own losses (`add_loss`, activity regularizers), read in a
     replica step under several replicas, are those its last call in this
@@ -142,7 +147,7 @@ def own_losses_of_this_replica(original):
     """
 
     def _get_own_losses(self):
-        noted = getattr(_in_step, "own_losses", None)
+        noted = getattr(in_step, "own_losses", None)
         if noted is None or id(self) not in noted:
             return original(self)
         return list(noted[id(self)])
@@ -152,9 +157,9 @@ def own_losses_of_this_replica(original):
 
 def note_own_losses(layer):
     """Notes `layer`'s own losses as its call in this replica step left them."""
-    noted = getattr(_in_step, "own_losses", None)
+    noted = getattr(in_step, "own_losses", None)
     if noted is None:
-        noted = _in_step.own_losses = {}
+        noted = in_step.own_losses = {}
     own = names.attribute(layer, "_losses")
     noted[id(layer)] = list(own)
 

@@ -12,7 +12,8 @@ from keras import ops
 from keras import tree
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import scoped
@@ -71,13 +72,13 @@ def loss_parts(
     batch's loss.
     """
     examples = tf.shape(tree.flatten(y_pred)[0])[0]
-    previous = getattr(_in_step, "capture", None)
-    _in_step.capture = {"examples": examples, "one_value": one_value}
+    previous = getattr(in_step, "capture", None)
+    in_step.capture = {"examples": examples, "one_value": one_value}
     try:
         value = loss(y_true, y_pred, sample_weight)
-        parts = _in_step.capture.get("parts")
+        parts = in_step.capture.get("parts")
     finally:
-        _in_step.capture = previous
+        in_step.capture = previous
     if parts is None and value is not None:
         parts = _parts_of(
             _as_returned,
@@ -101,14 +102,14 @@ def _as_returned(values, sample_weight, mask, reduction, dtype):
 def real_examples_of_batch():
     """The number of real examples of the batch whose loss this replica
     step computes (`examples_of_batch`), or `None` when unknown."""
-    return getattr(_in_step, "examples", None)
+    return getattr(in_step, "examples", None)
 
 
 @contextlib.contextmanager
 def examples_of_batch(examples):
     """Within it, a loss that returns one value for the batch is taken as
     that value for each of the batch's `examples` (see `loss_parts`)."""
-    with scoped(_in_step, "examples", examples):
+    with scoped(in_step, "examples", examples):
         yield
 
 
@@ -158,7 +159,7 @@ def rows_of_global_batch() -> Iterator[None]:
     batch's, gathered on every replica
     (`CTLModel.compile(compute_loss_over="global_batch")`): it reduces them
     as one device does, with no collective."""
-    with scoped(_in_step, "global_rows", True):
+    with scoped(in_step, "global_rows", True):
         yield
 
 
@@ -188,6 +189,7 @@ def _as_one_device(original, values, sample_weight, mask, reduction, dtype):
     return tf.math.divide_no_nan(parts.total, parts.count)
 
 
+@registered
 def exact_reduction(original):
     """Keras's loss reduction, exact across replicas inside our steps.
 
@@ -221,9 +223,9 @@ def exact_reduction(original):
         reduction = names.member("keras.src.losses.loss", "standardize_reduction")(
             reduction
         )
-        capture = getattr(_in_step, "capture", None)
+        capture = getattr(in_step, "capture", None)
         exact = (
-            getattr(_in_step, "active", False)
+            getattr(in_step, "active", False)
             and num_replicas() > 1
             and tf.distribute.get_replica_context() is not None
         )
@@ -232,7 +234,7 @@ def exact_reduction(original):
         ):
             return original(values, sample_weight, mask, reduction, dtype)
         if capture is None and (
-            getattr(_in_step, "global_rows", False) or _inside_a_layer_call()
+            getattr(in_step, "global_rows", False) or _inside_a_layer_call()
         ):
             return _as_one_device(
                 original, values, sample_weight, mask, reduction, dtype
@@ -258,7 +260,7 @@ def exact_reduction(original):
         (share,), _ = global_shares(
             [parts.total],
             [parts.count],
-            examples=getattr(_in_step, "real_examples", None),
+            examples=getattr(in_step, "real_examples", None),
             valued_as_global=True,
         )
         return share
@@ -266,6 +268,7 @@ def exact_reduction(original):
     return reduce_weighted_values
 
 
+@registered
 def logged_as_reduced(original):
     """Keras logs a loss it reduced as it is, inside our steps.
 
@@ -280,13 +283,14 @@ def logged_as_reduced(original):
     """
 
     def unscale_loss_for_distribution(value):
-        if getattr(_in_step, "active", False):
+        if getattr(in_step, "active", False):
             return value
         return original(value)
 
     return unscale_loss_for_distribution
 
 
+@registered
 def crossentropy_over_no_class(original):
     """Keras's sparse categorical crossentropy of an empty batch whose class
     count is its batch size (scores of shape `(0, 0)`) gives the empty
@@ -309,6 +313,7 @@ def crossentropy_over_no_class(original):
     return sparse_categorical_crossentropy
 
 
+@registered
 def argmax_over_no_class(original):
     """Keras's `argmax` over the last axis of empty scores (see
     `crossentropy_over_no_class`: an in-batch accuracy) gives the empty
@@ -328,7 +333,7 @@ def argmax_over_no_class(original):
 def _unless_no_class(scores, dtype, compute):
     """`compute()`, or zeros of `scores`'s shape but its last axis (an
     empty batch's per-example result) when `scores` is empty, in a step."""
-    if not getattr(_in_step, "active", False) or scores.shape[-1] not in (None, 0):
+    if not getattr(in_step, "active", False) or scores.shape[-1] not in (None, 0):
         return compute()
     return tf.cond(
         tf.equal(tf.size(scores), 0),

@@ -12,7 +12,8 @@ import keras
 import tensorflow as tf
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._replicas import current_reading
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
@@ -56,12 +57,12 @@ def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[
     # This thread's own record: replica threads share the optimizer, and
     # one replica may enter its next `apply` while another is still inside
     # this one (a GAN's discriminator steps).
-    outer: frozenset[int] = getattr(_in_step, "summed", frozenset())
-    _in_step.summed = outer | {id(member) for member in family}
+    outer: frozenset[int] = getattr(in_step, "summed", frozenset())
+    in_step.summed = outer | {id(member) for member in family}
     try:
         yield
     finally:
-        _in_step.summed = outer
+        in_step.summed = outer
         for member in family:
             applying = getattr(member, _SUMMED_MARK) - 1
             setattr(member, _SUMMED_MARK, applying)
@@ -142,6 +143,7 @@ def _optimizer_family(optimizer):
     return family
 
 
+@registered
 def summed_gradients_switch(original):
     """An optimizer marked by `gradients_already_summed` skips Keras's own
     sum across replicas (replaces `TFOptimizer._all_reduce_sum_gradients`)."""
@@ -203,6 +205,7 @@ def one_update_of_accumulated_steps(
         del optimizer._backend_apply_gradients
 
 
+@registered
 def summing_apply(original):
     """`optimizer.apply(grads)` called by a step of one's own sums the
     gradients across replicas first, then applies the sum as it is.
@@ -219,8 +222,8 @@ def summing_apply(original):
 
     def apply(self, grads, trainable_variables=None):
         sums = (
-            getattr(_in_step, "active", False)
-            and id(self) not in getattr(_in_step, "summed", ())
+            getattr(in_step, "active", False)
+            and id(self) not in getattr(in_step, "summed", ())
             and num_replicas() > 1
             and tf.distribute.get_replica_context() is not None
         )

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras import stateless_rows
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 
 
 class NeedsEagerStep(RuntimeError):
@@ -41,6 +42,7 @@ _generators: weakref.WeakKeyDictionary[tf.distribute.Strategy, dict[int, Any]] =
 )
 
 
+@registered
 def per_replica_generators(original):
     """An unseeded draw (`keras.random.normal(shape)`) inside a replica step
     under several replicas uses a seed generator of its replica's.
@@ -60,7 +62,7 @@ def per_replica_generators(original):
     def global_seed_generator():
         context = tf.distribute.get_replica_context()
         if (
-            not getattr(_in_step, "active", False)
+            not getattr(in_step, "active", False)
             or context is None
             or context.num_replicas_in_sync == 1
         ):
@@ -112,14 +114,14 @@ def draw_rows_as_one_device(rows, offset, static_rows=None):
     it, called at the first draw that needs it (once in each graph it is
     drawn in): a step that draws nothing computes nothing. With `rows`
     `None`, draws within it are not drawn as one device."""
-    previous = getattr(_in_step, "random_rows", None)
+    previous = getattr(in_step, "random_rows", None)
     if callable(offset):
         offset = _OnceAGraph(offset)
-    _in_step.random_rows = None if rows is None else (rows, offset, static_rows)
+    in_step.random_rows = None if rows is None else (rows, offset, static_rows)
     try:
         yield
     finally:
-        _in_step.random_rows = previous
+        in_step.random_rows = previous
 
 
 class _OnceAGraph:
@@ -150,7 +152,7 @@ def _rows_before(first):
     batch (`keras.random.uniform((1,))`), even on a replica holding that
     many examples. The one reading that cannot be checked: a number equal
     to a static batch size is taken for the batch."""
-    rows, offset, static_rows = _in_step.random_rows
+    rows, offset, static_rows = in_step.random_rows
     static_first = _static(first)
     if static_first is not None and static_first != static_rows:
         return tf.constant(0, tf.int32)
@@ -173,6 +175,7 @@ def _static(value):
 SHAPED = ("normal", "uniform", "truncated_normal", "randint")
 
 
+@registered
 def shaped_as_one_device(original):
     """`normal`, `uniform`, `truncated_normal` or `randint` of Keras's
     TensorFlow backend, drawing as one device (`draw_rows_as_one_device`).
@@ -189,7 +192,7 @@ def shaped_as_one_device(original):
     rows_alone = _ROWS_ALONE[original.__name__]
 
     def draw(*args, **kwargs):
-        if getattr(_in_step, "random_rows", None) is None:
+        if getattr(in_step, "random_rows", None) is None:
             return original(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -273,6 +276,7 @@ PARAMETERIZED = {
 }
 
 
+@registered
 def parameterized_as_one_device(original, parameters):
     """`gamma`, `binomial` or `beta` of Keras's TensorFlow backend, drawing
     as one device (`shaped_as_one_device`): each of `parameters` (the
@@ -289,7 +293,7 @@ def parameterized_as_one_device(original, parameters):
         bound = signature.bind(*args, **kwargs)
         shape = bound.arguments["shape"]
         shape_tensor = _shape_tensor(shape)
-        if getattr(_in_step, "random_rows", None) is None or shape_tensor is None:
+        if getattr(in_step, "random_rows", None) is None or shape_tensor is None:
             return original(*args, **kwargs)
         before = _rows_before(_first(shape, shape_tensor))
         dtype = bound.arguments.get("dtype") or keras.config.floatx()
@@ -318,6 +322,7 @@ def _with_rows_before(value, before, rank, dtype):
     return _rows_in_front(value, before, fill=1)
 
 
+@registered
 def categorical_as_one_device(original):
     """Keras's TensorFlow `categorical`, drawing as one device
     (`shaped_as_one_device`): the logits, a row per draw, get `offset` rows
@@ -325,7 +330,7 @@ def categorical_as_one_device(original):
     `keras.src.backend.tensorflow.random.categorical`."""
 
     def categorical(logits, num_samples, dtype="int64", seed=None):
-        if getattr(_in_step, "random_rows", None) is None:
+        if getattr(in_step, "random_rows", None) is None:
             return original(logits, num_samples, dtype=dtype, seed=seed)
         logits = tf.convert_to_tensor(logits)
         rows = _static(logits.shape[0])
@@ -336,6 +341,7 @@ def categorical_as_one_device(original):
     return categorical
 
 
+@registered
 def shuffle_refused_as_one_device(original):
     """Keras's TensorFlow `shuffle`, refused for the replica's rows in a
     step drawing as one device: one device's permutation of the global
@@ -344,7 +350,7 @@ def shuffle_refused_as_one_device(original):
     `keras.src.backend.tensorflow.random.shuffle`."""
 
     def shuffle(x, axis=0, seed=None):
-        random_rows = getattr(_in_step, "random_rows", None)
+        random_rows = getattr(in_step, "random_rows", None)
         if random_rows is None:
             return original(x, axis=axis, seed=seed)
         x = tf.convert_to_tensor(x)
@@ -380,6 +386,7 @@ PYTHON_DRAWS = (
 )
 
 
+@registered
 def python_draw_refused_as_one_device(original):
     """A draw of Python's `random` in a replica step drawing as one device
     is refused: each replica thread runs (and traces) the step, so each
@@ -394,7 +401,7 @@ def python_draw_refused_as_one_device(original):
 
     def draw(*args, **kwargs):
         caller = inspect.currentframe().f_back  # type: ignore[union-attr]
-        if getattr(_in_step, "random_rows", None) is None or _making_a_seed(
+        if getattr(in_step, "random_rows", None) is None or _making_a_seed(
             caller.f_code  # type: ignore[union-attr]
         ):
             return original(*args, **kwargs)
@@ -419,6 +426,7 @@ def _making_a_seed(caller: Any) -> bool:
     return caller is make_default_seed.__code__
 
 
+@registered
 def image_draw_refused_as_one_device(original):
     """Keras's TensorFlow `image.elastic_transform` is refused in a replica
     step drawing as one device: it draws its displacement fields with
@@ -429,7 +437,7 @@ def image_draw_refused_as_one_device(original):
     without it, the layer's `transform_images`."""
 
     def elastic_transform(*args, **kwargs):
-        if getattr(_in_step, "random_rows", None) is None:
+        if getattr(in_step, "random_rows", None) is None:
             return original(*args, **kwargs)
         raise ValueError(
             'compile(random_draws="as_one_device") cannot draw '
@@ -444,6 +452,7 @@ def image_draw_refused_as_one_device(original):
     return elastic_transform
 
 
+@registered
 def batch_mixing_refused_as_one_device(original):
     """`keras.layers.Mosaic` (Keras 3.16) is refused in a replica step
     drawing as one device: it picks each example's other tiles among the
@@ -452,7 +461,7 @@ def batch_mixing_refused_as_one_device(original):
     `get_random_transformation`."""
 
     def get_random_transformation(self, data, training=True, seed=None):
-        if getattr(_in_step, "random_rows", None) is None or not training:
+        if getattr(in_step, "random_rows", None) is None or not training:
             return original(self, data, training=training, seed=seed)
         raise ValueError(
             'compile(random_draws="as_one_device") cannot draw '
@@ -479,6 +488,7 @@ _SHUFFLE_REFUSED = (
 )
 
 
+@registered
 def dropout_as_one_device(original):
     """Keras's TensorFlow `dropout`, drawing its mask as one device
     (`shaped_as_one_device`): TensorFlow's own stateless dropout, its
@@ -488,7 +498,7 @@ def dropout_as_one_device(original):
     def dropout(inputs, rate, noise_shape=None, seed=None):
         rank = inputs.shape.rank
         if (
-            getattr(_in_step, "random_rows", None) is None
+            getattr(in_step, "random_rows", None) is None
             or not rank
             or (isinstance(rate, (int, float)) and rate in (0, 1))
         ):

@@ -9,12 +9,14 @@ import numpy as np
 import tensorflow as tf
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._keras.state import record_write
 from keras_ctl._replicas import Gradient
 from keras_ctl.distribute import topology
 
 
+@registered
 def write_records(original):
     """A Keras variable assigned in a replica step is noted there, with the
     value assigned (`record_write`): the logs re-read only the metrics a
@@ -32,6 +34,7 @@ def write_records(original):
     return direct_assign
 
 
+@registered
 def atomic_update(original, native):
     """Under `ParameterServerStrategy`, `variable.assign_add(v)` (or
     `assign_sub`, `native`) in a step is one atomic update on the parameter
@@ -46,10 +49,7 @@ def atomic_update(original, native):
 
     def update(self, value):
         record_write(self)
-        if (
-            not getattr(_in_step, "active", False)
-            or not topology.of().parameter_servers
-        ):
+        if not getattr(in_step, "active", False) or not topology.of().parameter_servers:
             return original(self, value)
         variable = self.value
         return getattr(variable, native)(tf.cast(value, variable.dtype))
@@ -117,6 +117,7 @@ def _joined(parts, shards, variable):
     return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0), shape)
 
 
+@registered
 def sharded_updates(original):
     """The optimizer updates a variable sharded across parameter servers.
 
@@ -156,6 +157,7 @@ def _sharded_keras_variable(variable):
     return _sharded(_tf_variable(variable))
 
 
+@registered
 def whole_sharded_array(original):
     """A Keras variable sharded across parameter servers reads as its whole
     value in `np.asarray(variable)` (what `model.save()` and
@@ -175,6 +177,7 @@ def whole_sharded_array(original):
     return __array__
 
 
+@registered
 def whole_sharded_checkpoint(original):
     """A Keras variable sharded across parameter servers is saved in a
     checkpoint as one tensor, which restores under any strategy (`assign`

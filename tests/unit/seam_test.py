@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import keras_ctl
 from keras_ctl import _keras
+from keras_ctl._keras import behaviours
 from keras_ctl._keras import names
 
 PACKAGE = pathlib.Path(keras_ctl.__file__).parent
@@ -201,7 +202,7 @@ def test_each_replacement_is_one_row_saying_why():
     present = [(owner, name) for owner, name in rows if owner is not None]
     assert len(set(present)) == len(present) == len(_keras.replaced())
     for replacement in _keras.REPLACEMENTS:
-        make = getattr(replacement.make, "func", replacement.make)
+        make = behaviours.named(replacement.behaviour)
         assert make.__doc__ and replacement.why
     for owner, name in present:
         assert hasattr(owner, name), f"{owner}.{name}"
