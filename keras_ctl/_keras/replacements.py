@@ -16,13 +16,10 @@ through `names` (3.16 moved some).
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any
-from typing import Callable
 
 import keras
 
 from keras_ctl._keras import behaviours
-from keras_ctl._keras import losses
 from keras_ctl._keras import names
 from keras_ctl._keras import optimizers
 from keras_ctl._keras.behaviours import Replacement
@@ -168,26 +165,9 @@ def replica_step(
             vars(in_step).update(previous)
 
 
-def loss_parts(
-    loss: Callable[..., Any],
-    y_true: Any,
-    y_pred: Any,
-    sample_weight: Any = None,
-    one_value: str = "mean",
-) -> losses.LossParts | None:
-    """`losses.loss_parts`, with the exact reduction in place."""
-    with in_effect():
-        return losses.loss_parts(loss, y_true, y_pred, sample_weight, one_value)
-
-
 @contextlib.contextmanager
 def gradients_already_summed(optimizer: keras.optimizers.Optimizer) -> Iterator[None]:
     """`optimizers.gradients_already_summed`, with Keras's all-reduce of
     gradients switchable."""
     with in_effect(), optimizers.gradients_already_summed(optimizer):
         yield
-
-
-def updated_metrics(metrics: list[Any], written: set[int]) -> list[Any]:
-    """The `metrics` any of whose variables a step assigned (`written`)."""
-    return [m for m in metrics if any(id(v) in written for v in m.variables)]

@@ -1,5 +1,5 @@
-"""Variables that workers share or that parameter servers shard:
-atomic updates, per-shard gradients and updates, whole reads."""
+"""Variables that parameter servers shard: per-shard gradients and
+updates, whole reads; and the record of a step's writes."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -10,10 +10,7 @@ import tensorflow as tf
 
 from keras_ctl._keras import names
 from keras_ctl._keras.behaviours import registered
-from keras_ctl._keras.state import in_step
 from keras_ctl._keras.state import record_write
-from keras_ctl._replicas import Gradient
-from keras_ctl.distribute import topology
 
 
 @registered
@@ -34,32 +31,9 @@ def write_records(original):
     return direct_assign
 
 
-@registered
-def atomic_update(original, native):
-    """Under `ParameterServerStrategy`, `variable.assign_add(v)` (or
-    `assign_sub`, `native`) in a step is one atomic update on the parameter
-    server.
-
-    Keras implements them as `assign(self + v)` (`KerasVariable`): two
-    workers that read the same value both write their own sum, and one
-    update is lost (seen: 8 of 10 steps counted in `optimizer.iterations`,
-    metrics short of examples). TensorFlow's own `assign_add` is one op on
-    the variable's device. Checked on Keras 3.12.0 and 3.15.1.
-    """
-
-    def update(self, value):
-        record_write(self)
-        if not getattr(in_step, "active", False) or not topology.of().parameter_servers:
-            return original(self, value)
-        variable = self.value
-        return getattr(variable, native)(tf.cast(value, variable.dtype))
-
-    return update
-
-
 def gradients(
     tape: tf.GradientTape, target: tf.Tensor, variables: Iterable[keras.Variable]
-) -> list[Gradient | None]:
+) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """`tape.gradient(target, variables)`, for variables sharded across
     parameter servers too.
 

@@ -1,5 +1,6 @@
-"""Metrics inside a step: trackers in code of the user's own, and which
-logged values are metric results."""
+"""Metrics inside a step: trackers in code of the user's own (the
+behaviour of the seam's `Mean.update_state` row), which logged values are
+metric results, and which metrics a step updated."""
 
 import contextlib
 import threading
@@ -152,3 +153,8 @@ def metric_results_among(outputs: Any, noted: Any = None) -> dict[str, Any]:
         if known is not None and known[0] is value:
             found[key] = known[1:]
     return found
+
+
+def updated_metrics(metrics: list[Any], written: set[int]) -> list[Any]:
+    """The `metrics` any of whose variables a step assigned (`written`)."""
+    return [m for m in metrics if any(id(v) in written for v in m.variables)]

@@ -1,11 +1,12 @@
-"""A `tf.function` of the user's own, called inside a replica step."""
+"""A `tf.function` of the user's own, called inside a replica step (the
+behaviour of the seam's `Function.__call__` row)."""
 
 import contextlib
 from collections.abc import Iterator
 
 import tensorflow as tf
 
-from keras_ctl._keras import names
+from keras_ctl._keras import access
 from keras_ctl._keras.behaviours import registered
 from keras_ctl._keras.state import in_step
 from keras_ctl._own_code import is_users_function
@@ -41,7 +42,7 @@ def inlined_in_replica_steps(original):
             in_replica_step or getattr(in_step, "inlining", False)
         ) or not is_users_function(python_function):
             return original(self, *args, **kwargs)
-        if names.attribute(self, "_autograph", True):
+        if access.converts_with_autograph(self):
             python_function = tf.autograph.to_graph(python_function)
         return python_function(*args, **kwargs)
 
