@@ -1,30 +1,34 @@
 """The one package that reads Keras internals (the seam).
 
 Everything else in keras_ctl uses public Keras only, and this package
-imports nothing of keras_ctl but the replica arithmetic below it
-(`keras_ctl._replicas`, `keras_ctl._example_dependence`). Each accessor says why no
-public hook does the job. Every private name is looked up through
-`names`, which fails with an error naming it and the Keras versions
-checked when Keras moves it; its
-inventory is read off the source (`names.inventory()`), and a test checks
-each name against the installed Keras. Every change of Keras behaviour is
-one row of `table.REPLACEMENTS`, in place only while a keras_ctl
-call runs (`in_effect`); a row that one feature needs names the public
-class to wrap where a Keras lacks its private name (`fallback`), so that
-Keras disables nothing else. The supported range is declared in pyproject.toml
-(checked on import by `keras_ctl._compat`), and `.ci/compat` runs the fast
-tests at both of its ends and on the next Keras. When a new Keras minor
-comes out, re-read the Keras code each accessor names, then widen the
-range.
+imports nothing of keras_ctl: it is an adapter, the lowest layer, and
+what keras_ctl decides is handed to it. Each accessor says why no public
+hook does the job. Every private name is looked up through `names`, which
+fails with an error naming it and the Keras versions checked when Keras
+moves it; its inventory is read off the source (`names.inventory()`), and
+a test checks each name against the installed Keras. Every change of
+Keras behaviour is one row of `table.REPLACEMENTS`, which names the
+attribute replaced and the behaviour that replaces it; the behaviours are
+registered by name (`behaviours`: keras_ctl's own by `keras_ctl._replaced`
+on import, a row without one fails naming it), and in place only while a
+keras_ctl call runs (`replacements.in_effect`); a row that one feature
+needs names the public class to wrap where a Keras lacks its private name
+(`fallback`), so that Keras disables nothing else. The supported range is
+declared in pyproject.toml (checked on import by `keras_ctl._compat`), and
+`.ci/compat` runs the fast tests at both of its ends and on the next
+Keras. When a new Keras minor comes out, re-read the Keras code each
+accessor names, then widen the range.
 
 Modules: `names` (private lookups), `access` (plain accessors), `models`
-(building from shapes, pickling, registration), `optimizers`, `losses`,
-`layers`, `variables`, `metrics` (the replaced behaviours, by what they
-change; `metrics` also notes which logged values are metric results),
-`state` (the replica step's thread record), `eager_ops` (the ops an
-eager replica step runs, noted for `_example_dependence`), `replacements` (the table,
-`in_effect` and `replica_step`), `iterators` (distributed iterators
-opened on first use, counting the batches they have left).
+(building from shapes, pickling, registration), `iterators` (distributed
+iterators opened on first use, counting the batches they have left),
+`optimizers`, `layers`, `losses`, `random`, `variables` (Keras's private
+names in each area, and the few replacements that only adapt Keras's own
+types), `stateless_rows` (one replica's rows of TensorFlow's stateless
+draws), `ops` (the op types of collectives, the ops an eager step runs),
+`state` (the replica step's thread record), `behaviours` (a row and its
+behaviour by name), `table` (every replacement), `replacements`
+(`in_effect` and `replica_step`).
 """
 
 from keras_ctl._keras import names

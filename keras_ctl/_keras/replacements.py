@@ -147,9 +147,9 @@ def replica_step(
     and `(variable, value)` to the list `assigned`.
     `stands_for_trace`: the step runs eagerly in place of a traced one, so
     shapes the trace would not know are taken as unknown
-    (`metrics.weighed_by_batch`). `batch_statistics="global"`: moments
-    over the examples' axis are the global batch's
-    (`layers.moments_over_global_batch`)."""
+    (the behaviour `weighed_by_batch`). `batch_statistics="global"`:
+    moments over the examples' axis are the global batch's (the behaviour
+    `moments_over_global_batch`)."""
     with in_effect():
         previous = vars(in_step).copy()
         in_step.active = True

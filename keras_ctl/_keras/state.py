@@ -2,9 +2,10 @@
 
 `in_step` is this thread's record of the replica step it runs (replica
 threads share the model): whether one is active, how many of its examples
-are real, which optimizers apply summed gradients. Every replacement in
-`table.REPLACEMENTS` reads it, and does what Keras does unless a
-step of keras_ctl asked otherwise.
+are real, which optimizers apply summed gradients. Every behaviour that
+replaces a Keras attribute (`behaviours`, the rows of `table.REPLACEMENTS`)
+reads it, and does what Keras does unless a step of keras_ctl asked
+otherwise.
 """
 
 import threading

@@ -4,7 +4,6 @@ do instead (the behaviours of the seam's rows of `shuffle`, Python's
 `random`, `elastic_transform` and `Mosaic`)."""
 
 import inspect
-from typing import Any
 
 import tensorflow as tf
 
@@ -59,7 +58,8 @@ def python_draw_refused_as_one_device(original):
 
     def draw(*args, **kwargs):
         caller = inspect.currentframe().f_back  # type: ignore[union-attr]
-        if getattr(in_step, "random_rows", None) is None or _making_a_seed(
+        as_one_device = getattr(in_step, "random_rows", None) is not None
+        if not as_one_device or keras_random.is_making_a_seed(
             caller.f_code  # type: ignore[union-attr]
         ):
             return original(*args, **kwargs)
@@ -74,11 +74,6 @@ def python_draw_refused_as_one_device(original):
         )
 
     return draw
-
-
-def _making_a_seed(caller: Any) -> bool:
-    """Whether `caller` (a code object) is Keras's `make_default_seed`."""
-    return keras_random.is_making_a_seed(caller)
 
 
 @registered
