@@ -206,3 +206,17 @@ def test_each_replacement_is_one_row_saying_why():
         assert make.__doc__ and replacement.why
     for owner, name in present:
         assert hasattr(owner, name), f"{owner}.{name}"
+
+
+def test_a_row_whose_behaviour_nobody_registered_fails_naming_it(monkeypatch):
+    # The seam is handed keras_ctl's behaviours; a row left without one is
+    # refused before anything is replaced.
+    from keras_ctl._keras import replacements
+
+    orphan = _keras.REPLACEMENTS[0]._replace(behaviour="no_such_behaviour")
+    monkeypatch.setattr(replacements, "REPLACEMENTS", (*_keras.REPLACEMENTS, orphan))
+    keras_own = [(o, n, getattr(o, n)) for o, n in replacements.replaced()]
+    with pytest.raises(behaviours.BehaviourMissing, match="no_such_behaviour"):
+        with _keras.in_effect():
+            pass
+    assert all(getattr(o, n) is own for o, n, own in keras_own)
