@@ -37,8 +37,8 @@ class Converted:
 
 
 def _class_named(name):
-    """A registered class, or a Keras class by its module path
-    (`keras.src.models.sequential.Sequential`)."""
+    """A registered class, or a Keras class by the full module path a
+    saved config names it by (Keras's `Sequential`, for one)."""
     found = keras.saving.get_registered_object(name)
     if found is None and name.startswith("keras.") and "." in name:
         module, _, class_name = name.rpartition(".")

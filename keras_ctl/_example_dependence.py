@@ -12,7 +12,7 @@ every replica too. Anything unknown counts as following the examples.
 It is read from what runs, never from how the code is spelled: a traced
 step's graph, walked back from the value; in a step that runs eagerly,
 which has no graph, the ops this thread runs, noted as they run
-(`EagerNotes`, which the seam feeds from TensorFlow's op callbacks).
+(`EagerNotes`, fed from TensorFlow's op callbacks: `eager_ops_noted`).
 `_lookups` asks it of a sparse gradient's indices, the batch statistics
 check of a value a step assigns to a layer's variable.
 """
@@ -26,6 +26,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+from keras import tree
+
+from keras_ctl._keras import ops
 
 # Ops whose outputs are the input pipeline's examples.
 _EXAMPLES = frozenset(
@@ -56,7 +59,7 @@ def follows_the_examples(tensor: tf.Tensor) -> bool:
     while pending:
         tensor = pending.pop()
         op = tensor.op
-        if tensor.name in seen or _across_replicas(op.type):
+        if tensor.name in seen or ops.is_collective(op.type):
             continue
         seen.add(tensor.name)
         if op.type == "IdentityN":  # a custom gradient's: each output its input
@@ -79,12 +82,6 @@ def follows_the_examples(tensor: tf.Tensor) -> bool:
 def current_notes() -> EagerNotes | None:
     """This thread's `EagerNotes` while an eager replica step runs."""
     return getattr(_eager, "notes", None)
-
-
-def _across_replicas(op_type: str) -> bool:
-    """Whether an op is a collective: its result is the same on every
-    replica (a sum, a gather), whatever each replica put in."""
-    return op_type.startswith(("Collective", "Nccl"))
 
 
 def _reads_examples(op_type: str, stateful: bool) -> bool:
@@ -141,7 +138,7 @@ class EagerNotes:
             shape, inputs[1], attrs.get("shrink_axis_mask", 0)
         ):
             return
-        if _across_replicas(op_type):
+        if ops.is_collective(op_type):
             return
         if _reads_examples(op_type, stateful) or any(map(self.follows, inputs)):
             self._following.update((id(o), o) for o in outputs)
@@ -164,3 +161,19 @@ def noting(notes: EagerNotes) -> Iterator[None]:
         yield
     finally:
         _eager.notes = None
+
+
+@contextlib.contextmanager
+def eager_ops_noted(examples: Any) -> Iterator[None]:
+    """Within it, an eager step on several replicas notes which of its
+    tensors follow `examples` (its data), op by op as they run: a traced
+    step's graph says it, an eager step has none."""
+    if (
+        not tf.executing_eagerly()
+        or tf.distribute.get_strategy().num_replicas_in_sync == 1
+    ):
+        yield
+        return
+    notes = EagerNotes(tree.flatten(examples))
+    with ops.eager_ops_of_this_thread(notes.note), noting(notes):
+        yield

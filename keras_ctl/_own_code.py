@@ -30,6 +30,7 @@ from typing import TypeVar
 
 import tensorflow as tf
 
+from keras_ctl._keras.access import tensorflow_wrapper_modules
 from keras_ctl._replicas import current_reading
 
 
@@ -309,19 +310,13 @@ _FIX_IN_COMPUTE_LOSS = (
 _LIBRARIES = ("keras", "keras_ctl", "tensorflow")
 
 
-# TensorFlow's frames between a call and its caller: AutoGraph's
-# `converted_call`, dispatch, traceback and decorator wrappers. Any other
-# frame of TensorFlow's (a gradient function, a variable's update) is
-# TensorFlow's own call.
-_WRAPPERS = ("tensorflow.python.autograph.", "tensorflow.python.util.")
-
-
 def _caller(frame: types.FrameType | None) -> types.FrameType | None:
     """The frame that called the function running in `frame`, past
-    TensorFlow's wrappers (`_WRAPPERS`)."""
+    TensorFlow's wrappers (`_keras.access.tensorflow_wrapper_modules`)."""
+    wrappers = tensorflow_wrapper_modules()
     frame = frame.f_back if frame is not None else None
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith(
-        _WRAPPERS
+        wrappers
     ):
         frame = frame.f_back
     return frame

@@ -15,6 +15,7 @@ from keras import tree
 from keras_ctl import _checks
 from keras_ctl import _conversion
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl import _signature
 from keras_ctl import blocks
 from keras_ctl import strategies
@@ -23,15 +24,18 @@ from keras_ctl._engine import build
 from keras_ctl._engine import forward
 from keras_ctl._engine import metric_updates
 from keras_ctl._engine import parameter_servers
+from keras_ctl._engine import positions
 from keras_ctl._engine import random_draws as random_draws_module
 from keras_ctl._engine import state as engine_state
 from keras_ctl._engine import update
 from keras_ctl._engine.batch_statistics import MODES as BATCH_STATISTICS
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._own_code import is_keras_ctls
+from keras_ctl._own_code import is_users_own
 from keras_ctl._replicas import written_in_shares
 from keras_ctl.callbacks import BackupAndRestore
 from keras_ctl.distribute import chief_writes
+from keras_ctl.distribute import topology
 
 
 def _in_effect(method):
@@ -356,7 +360,7 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
             batch_size = tf.shape(tree.flatten(y_pred if x is None else x)[0])[0]
         compiled = None
         if compile_loss is not None:
-            with _keras.examples_of_batch(batch_size):
+            with _replaced.losses.examples_of_batch(batch_size):
                 compiled = compile_loss(y, y_pred, sample_weight)
         return forward.with_layer_losses(compiled, losses, batch_size)
 
@@ -494,15 +498,22 @@ class CTLModel(_keras.SymbolicBuildFromFirstReplica, keras.Model):
         engine.loss_readings = {}
         super().compile(*args, **kwargs)
 
-    def _batches_with_positions(self) -> bool:
+    def _with_positions(
+        self, dataset: tf.data.Dataset, strategy: tf.distribute.Strategy
+    ) -> Any:
         # A training step drawing one device's numbers reads where its
         # examples sit in the global batch from its data: no collective.
-        strategy = self.distribute_strategy
-        return (
+        own = self.distribute_strategy
+        if (
             random_draws_module.as_one_device(self)
-            and strategy.num_replicas_in_sync > 1
-            and not isinstance(strategy, tf.distribute.ParameterServerStrategy)
-        )
+            and own.num_replicas_in_sync > 1
+            and not topology.of(own).parameter_servers
+        ):
+            return positions.with_positions(dataset, strategy)
+        return None
+
+    def _steps_are_its_own(self) -> bool:
+        return any(is_users_own(self, name) for name in ("train_step", "test_step"))
 
     def get_compile_config(self) -> dict[str, Any] | None:
         config = super().get_compile_config()

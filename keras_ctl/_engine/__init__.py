@@ -13,6 +13,8 @@ uses), below this package and the seam (`keras_ctl._keras`).
 - `accumulation`: `gradient_accumulation_steps`, one all-reduce per update.
 - `padding`: a placeholder example for replicas without examples.
 - `gather`: every replica's rows, for losses over the global batch.
+- `positions`: each example's position in its global batch, carried by
+  `fit()`'s batches (for one device's random draws).
 - `plan`: the decisions a step function is built with (XLA, steps per call).
 - `loop`: the train/test/predict functions and their cross-replica logs.
 - `resume`: skipping the batches a killed run trained on.

@@ -38,6 +38,7 @@ import keras
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl._engine import gather
 from keras_ctl._engine import loss as loss_module
 from keras_ctl._engine import state as engine_state
@@ -141,7 +142,7 @@ def own_compute_loss(
     terms that do not depend on the batch), and the step weighs it by the
     replica's fraction of the global batch: the replicas' weighted losses
     sum to one device's, and so do their gradients. A tracker given one
-    value inside it weighs it the same (`_keras.metrics.weighed_by_batch`).
+    value inside it weighs it the same (`_replaced.metrics.weighed_by_batch`).
     The forward pass runs after the count's collective, unless the caller
     ran it: `compute_loss` reads the layer losses, which another replica's
     forward pass may overwrite after a collective (the replicas share the
@@ -165,7 +166,9 @@ def own_compute_loss(
         seen = gather.global_batch(seen)
         weight = gather.first_replica()
     rows = (
-        _keras.rows_of_global_batch() if over_global_batch else contextlib.nullcontext()
+        _replaced.losses.rows_of_global_batch()
+        if over_global_batch
+        else contextlib.nullcontext()
     )
     owner = f"{type(model).__name__}.compute_loss"
     with read_as_batch_losses(fraction, owner), rows, watching_replica_arithmetic():

@@ -147,7 +147,7 @@ def _gathers_across_replicas(since: int) -> bool:
     `tf.distribute`'s sum of sparse gradients gathers their row counts
     first, outside the `tf.cond` that gathers the rows."""
     ops = tf.compat.v1.get_default_graph().get_operations()[since:]
-    return any(op.type == "CollectiveGatherV2" for op in ops)
+    return any(_keras.ops.is_all_gather(op.type) for op in ops)
 
 
 def predict(

@@ -21,6 +21,7 @@ from keras import tree
 
 from keras_ctl import _checks
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import known_global_count
 from keras_ctl._replicas import only_if_real
@@ -54,12 +55,12 @@ class LossTerms(NamedTuple):
     loss is computed twice.
 
     Attributes:
-        parts: One `_keras.LossParts` per output with a loss, in `dtype`.
+        parts: One `_replaced.losses.LossParts` per output with a loss, in `dtype`.
         loss_weights: Each of those outputs' `loss_weights` entry, or `None`.
         dtype: The compiled loss's dtype (Keras casts each loss to it).
     """
 
-    parts: list[_keras.LossParts]
+    parts: list[_replaced.losses.LossParts]
     loss_weights: list[float | None]
     dtype: tf.DType | str
 
@@ -198,7 +199,7 @@ def loss_terms(
     replica's labels `y`, outputs `y_pred` and `sample_weight` (any nests
     matching the outputs), with `batch_size` real examples. `readings`:
     how a loss (by its id) that returns one value for the batch is read
-    (`_keras.ONE_VALUE_READINGS`), as measured on the first batch
+    (`_replaced.losses.ONE_VALUE_READINGS`), as measured on the first batch
     (`loss_mean.read_compiled_losses`); a mean where none is given."""
     dtype = compile_loss.dtype
     readings = readings or {}
@@ -210,7 +211,7 @@ def loss_terms(
             None if value is None else only_if_real(tf.cast(value, dtype), batch_size)
         )
 
-    terms: list[_keras.LossParts] = []
+    terms: list[_replaced.losses.LossParts] = []
     loss_weights: list[float | None] = []
     outputs = output_losses(compile_loss, y, y_pred, sample_weight)
     for loss_fn, y_true, pred, weight, loss_weight, name in outputs:
@@ -246,8 +247,8 @@ def _loss_term(
     sample_weight: Any,
     name: str,
     one_value: str,
-) -> _keras.LossParts | None:
-    """The `_keras.LossParts` of one output: its local weighted sum and
+) -> _replaced.losses.LossParts | None:
+    """The `_replaced.losses.LossParts` of one output: its local weighted sum and
     denominator, from Keras's own reduction (a value for the batch read as
     `one_value` says)."""
     _checks.numeric_labels(y_true)
@@ -257,7 +258,9 @@ def _loss_term(
         loss_fn = copy.copy(loss_fn)
         loss_fn.reduction = "sum"
     try:
-        return _keras.loss_parts(loss_fn, y_true, y_pred, sample_weight, one_value)
+        return _replaced.losses.loss_parts(
+            loss_fn, y_true, y_pred, sample_weight, one_value
+        )
     except (ValueError, tf.errors.InvalidArgumentError) as error:
         # Keep the loss's own message (the shapes may well fit); add where.
         raise ValueError(

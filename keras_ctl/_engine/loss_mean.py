@@ -13,7 +13,7 @@ which `tape.gradient` sums) or a loss that couples the batch's examples
 (in-batch negatives, a masked mean over a count of entries written by
 hand), and nothing in how it is spelled says which. So what runs is
 compared: the gradients the replicas' weighted losses sum to (for a step,
-what it would apply: `_keras.applies_captured`), against one device's on
+what it would apply: `_replaced.optimizers.applies_captured`), against one device's on
 the same examples (`refuse_unless_mean`, `refuse_unless_step_mean`;
 `measuring` runs both on each replica's slice), past the round-off
 measured (`_tolerance`). The loss on the examples and on their halves
@@ -51,6 +51,7 @@ from keras_ctl._own_code import is_users_function
 from keras_ctl._own_code import is_users_own
 from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
+from keras_ctl.distribute import topology
 
 # A loss of float32 round-off (the halves' mean recombined) passes.
 _RTOL, _ATOL = 1e-5, 1e-7
@@ -159,7 +160,7 @@ def check_for(
     if (
         engine_state.of(model).compute_loss_over is not None
         or strategy.num_replicas_in_sync == 1
-        or isinstance(strategy, tf.distribute.ParameterServerStrategy)
+        or topology.of(strategy).parameter_servers
     ):
         return None
     step = "train_step" if training else "test_step"
@@ -361,7 +362,7 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     siamese network). Later, a difference in the reading it runs is
     refused, naming the step.
 
-    Nothing is applied (`_keras.applies_captured`), and the model's and
+    Nothing is applied (`_replaced.optimizers.applies_captured`), and the model's and
     its optimizers' variables are as they were afterwards. Not refused: a
     step that declares itself in shares as it runs, one that applies
     nothing, and one whose gradients on one device differ between two runs

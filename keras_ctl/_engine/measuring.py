@@ -32,13 +32,14 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl._engine import forward
 from keras_ctl._engine import gather
 from keras_ctl._engine.padding import pad_empty_batch
+from keras_ctl._engine.positions import PositionedBatch
+from keras_ctl._engine.positions import without_positions
 from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._engine.replica_step import optionals_to_none
-from keras_ctl._keras.iterators import PositionedBatch
-from keras_ctl._keras.iterators import without_positions
 from keras_ctl._replicas import static_rows
 
 _T = TypeVar("_T")
@@ -65,7 +66,7 @@ def on_replicas(
     (`sliced`), where `make()` gives `(on_replica, notes)`, the notes what
     tracing `on_replica` writes down. Traced once for the batch's spec and
     `name` (or run `eagerly`, by default as the batch's step runs, or
-    where tracing asks for it: `_keras.NeedsEagerStep`)."""
+    where tracing asks for it: `_replaced.seed_generators.NeedsEagerStep`)."""
     strategy = batch.step.strategy
     eagerly = batch.eagerly if eagerly is None else eagerly
     part = tf.constant(batch.part, tf.int32)
@@ -101,7 +102,7 @@ def on_replicas(
             result, of_rows, parts = traced_call(traced, batch.element, part)
             return Measured(result, notes, int(of_rows), int(parts))
         except Exception as error:
-            if not _keras.needs_eager_step(error):
+            if not _replaced.seed_generators.needs_eager_step(error):
                 raise
             del batch.traced[key]
     on_replica, notes = make()
@@ -237,7 +238,7 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
         return on_replica, notes
 
     as_one_device = batch.step.reads_as_one_device
-    with _keras.applies_captured() as noted:
+    with _replaced.optimizers.applies_captured() as noted:
         measured = on_replicas(batch, f"applied_{as_one_device}", make)
     read_as_one_device, traces = measured.notes.values()
     if not read_as_one_device or set(read_as_one_device) != {as_one_device}:
@@ -258,17 +259,17 @@ def applying_on_one_device(
     second run draws the next numbers of TensorFlow's own random ops, as a
     second step would."""
 
-    capture: dict[str, dict[int, list[_keras.Applied]]] = {}
+    capture: dict[str, dict[int, list[_replaced.optimizers.Applied]]] = {}
 
     def applied(data: Any) -> list[tf.Tensor]:
         # A `train_step` decorated with `tf.function` applies in this
         # trace, whose outputs the gradients can be.
-        with _keras.users_functions_inlined():
+        with _replaced.functions.users_functions_inlined():
             model.train_step(data)
         return flat_gradients(capture["noted"].pop(threading.get_ident(), []))
 
     def run() -> list[tf.Tensor]:
-        with _keras.applies_captured() as noted:
+        with _replaced.optimizers.applies_captured() as noted:
             capture["noted"] = noted
             if model.run_eagerly:
                 return applied(data)
@@ -359,7 +360,7 @@ def any_rows(structure: Any) -> Any:
     )
 
 
-def flat_gradients(applied: list[_keras.Applied]) -> list[tf.Tensor]:
+def flat_gradients(applied: list[_replaced.optimizers.Applied]) -> list[tf.Tensor]:
     """The gradients of every `apply`, in order; a variable without one
     (`None`) as a scalar 0."""
     return [

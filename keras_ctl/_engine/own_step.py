@@ -28,7 +28,7 @@ from typing import Any
 import tensorflow as tf
 from keras import tree
 
-from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import known_global_count
@@ -92,14 +92,14 @@ def logs_and_fraction(outputs: Any) -> tuple[Any, tf.Tensor | None]:
 def variables_made_eagerly() -> Iterator[None]:
     """Within it, a variable a step creates as it is traced (`if not
     hasattr(self, "seen"): self.seen = tf.Variable(0)`) asks for an eager
-    step (`_keras.NeedsEagerStep`), which creates it once for every
+    step (`_replaced.seed_generators.NeedsEagerStep`), which creates it once for every
     replica; the traced step then finds it.
     `tf.function`'s own lifting of such a variable fails in a replica step
     under several replicas."""
 
     def creator(next_creator: Callable[..., tf.Variable], **kwargs: Any) -> tf.Variable:
         if tf.inside_function():
-            raise _keras.NeedsEagerStep(
+            raise _replaced.seed_generators.NeedsEagerStep(
                 "A variable created in a traced step is created by an eager step."
             )
         return next_creator(**kwargs)

@@ -2,7 +2,7 @@
 `compile(random_draws=...)`.
 
 - `"as_one_device"`: each example gets the numbers one device draws for
-  it (`_keras.draw_rows_as_one_device`). Refused with XLA under several
+  it (`_replaced.random_rows.draw_rows_as_one_device`). Refused with XLA under several
   replicas: XLA draws other numbers than TensorFlow's kernels, and one
   device with `jit_compile=True` draws XLA's, which a replica cannot draw
   for its rows inside its compiled pass.

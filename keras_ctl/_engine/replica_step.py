@@ -23,14 +23,16 @@ import tensorflow as tf
 from keras import tree
 
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl import outputs as outputs_module
 from keras_ctl._engine import batch_statistics
 from keras_ctl._engine import own_step
 from keras_ctl._engine import random_draws
 from keras_ctl._engine.autograph import not_converted
 from keras_ctl._engine.plan import StepPlan
+from keras_ctl._engine.positions import without_positions
 from keras_ctl._engine.state import EngineState
-from keras_ctl._keras.iterators import without_positions
+from keras_ctl._example_dependence import eager_ops_noted
 from keras_ctl._replicas import examples_before
 from keras_ctl._replicas import static_rows
 from keras_ctl.distribute import preemption
@@ -193,16 +195,16 @@ class ReplicaStep:
                 trace.written, trace.stands_for_trace, statistics, assigned
             ),
             _random_rows_as_one_device(data, positions, self.draws_as_one_device),
-            _keras.eager_ops_noted(data),
+            eager_ops_noted(data),
         ):
-            with _keras.results_noted(self.parts.metrics()) as noted:
+            with _replaced.metrics.results_noted(self.parts.metrics()) as noted:
                 if self.reads_as_one_device:
                     outputs = own_step.run_as_one_device(
                         self.step, data, self.parts.step_name
                     )
                 else:
                     outputs = self.step(data)
-            trace.results.update(_keras.metric_results_among(outputs, noted))
+            trace.results.update(_replaced.metrics.metric_results_among(outputs, noted))
             if assigned:
                 weights = self.parts.weights()
                 state = self.parts.state
@@ -239,7 +241,9 @@ class ReplicaStep:
             return outputs_module.reduce_step_logs(outputs)
         updates_done = [tf.identity(o.iterations) for o in self.parts.optimizers]
         with tf.control_dependencies(updates_done):
-            updated = _keras.updated_metrics(self.parts.metrics(), trace.written)
+            updated = _replaced.metrics.updated_metrics(
+                self.parts.metrics(), trace.written
+            )
             return outputs_module.reduce_step_logs(
                 outputs, updated, trace.results, fraction
             )
@@ -311,10 +315,10 @@ def _random_rows_as_one_device(
     data: Any, positions: tf.Tensor | None, as_one_device: bool
 ) -> Iterator[None]:
     """Within it, this replica's random draws of its rows are one device's
-    (`_keras.draw_rows_as_one_device`), when `as_one_device`. Where its
+    (`_replaced.random_rows.draw_rows_as_one_device`), when `as_one_device`. Where its
     examples sit in the global batch is known as the step is traced where
     every replica's batch size is (`_even_offset`), else read from the
-    `positions` its data carries (`_keras.iterators.with_positions`), else
+    `positions` its data carries (`positions.with_positions`), else
     asked of the other replicas at the first draw that needs it (an
     all-gather of their batch sizes, which a step that draws nothing never
     makes)."""
@@ -335,7 +339,7 @@ def _random_rows_as_one_device(
         # placeholder row's numbers weigh nothing. Computed at the first
         # draw: a step that draws nothing computes nothing.
         offset = functools.partial(_first_position, positions, bool(static))
-    with _keras.draw_rows_as_one_device(rows, offset, static):
+    with _replaced.random_rows.draw_rows_as_one_device(rows, offset, static):
         yield
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import tensorflow as tf
 
 from keras_ctl import _keras
+from keras_ctl import _replaced
 from keras_ctl._engine import errors
 from keras_ctl._engine import loop
 from keras_ctl._engine.autograph import not_converted
@@ -155,7 +156,7 @@ class StepFunction:
         try:
             logs = _explaining_errors(loop_for_call, iterator, self._step)
         except Exception as error:
-            if not _keras.needs_eager_step(error):
+            if not _replaced.seed_generators.needs_eager_step(error):
                 raise
             # State the step creates on first use (the seed generators of
             # unseeded draws): created by this call, run eagerly.

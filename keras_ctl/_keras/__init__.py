@@ -1,33 +1,38 @@
 """The one package that reads Keras internals (the seam).
 
 Everything else in keras_ctl uses public Keras only, and this package
-imports nothing of keras_ctl but the replica arithmetic below it
-(`keras_ctl._replicas`, `keras_ctl._example_dependence`). Each accessor says why no
-public hook does the job. Every private name is looked up through
-`names`, which fails with an error naming it and the Keras versions
-checked when Keras moves it; its
-inventory is read off the source (`names.inventory()`), and a test checks
-each name against the installed Keras. Every change of Keras behaviour is
-one row of `replacements.REPLACEMENTS`, in place only while a keras_ctl
-call runs (`in_effect`); a row that one feature needs names the public
-class to wrap where a Keras lacks its private name (`fallback`), so that
-Keras disables nothing else. The supported range is declared in pyproject.toml
-(checked on import by `keras_ctl._compat`), and `.ci/compat` runs the fast
-tests at both of its ends and on the next Keras. When a new Keras minor
-comes out, re-read the Keras code each accessor names, then widen the
-range.
+imports nothing of keras_ctl: it is an adapter, the lowest layer, and
+what keras_ctl decides is handed to it. Each accessor says why no public
+hook does the job. Every private name is looked up through `names`, which
+fails with an error naming it and the Keras versions checked when Keras
+moves it; its inventory is read off the source (`names.inventory()`), and
+a test checks each name against the installed Keras. Every change of
+Keras behaviour is one row of `table.REPLACEMENTS`, which names the
+attribute replaced and the behaviour that replaces it; the behaviours are
+registered by name (`behaviours`: keras_ctl's own by `keras_ctl._replaced`
+on import, a row without one fails naming it), and in place only while a
+keras_ctl call runs (`replacements.in_effect`); a row that one feature
+needs names the public class to wrap where a Keras lacks its private name
+(`fallback`), so that Keras disables nothing else. The supported range is
+declared in pyproject.toml (checked on import by `keras_ctl._compat`), and
+`.ci/compat` runs the fast tests at both of its ends and on the next
+Keras. When a new Keras minor comes out, re-read the Keras code each
+accessor names, then widen the range.
 
 Modules: `names` (private lookups), `access` (plain accessors), `models`
-(building from shapes, pickling, registration), `optimizers`, `losses`,
-`layers`, `variables`, `metrics` (the replaced behaviours, by what they
-change; `metrics` also notes which logged values are metric results),
-`state` (the replica step's thread record), `eager_ops` (the ops an
-eager replica step runs, noted for `_example_dependence`), `replacements` (the table,
-`in_effect` and `replica_step`), `iterators` (distributed iterators
-opened on first use, counting the batches they have left).
+(building from shapes, pickling, registration), `iterators` (distributed
+iterators opened on first use, counting the batches they have left),
+`optimizers`, `layers`, `losses`, `random`, `variables` (Keras's private
+names in each area, and the few replacements that only adapt Keras's own
+types), `stateless_rows` (one replica's rows of TensorFlow's stateless
+draws), `ops` (the op types of collectives, the ops an eager step runs),
+`state` (the replica step's thread record), `behaviours` (a row and its
+behaviour by name), `table` (every replacement), `replacements`
+(`in_effect` and `replica_step`).
 """
 
 from keras_ctl._keras import names
+from keras_ctl._keras import ops
 from keras_ctl._keras.access import RAN_OUT_OF_DATA
 from keras_ctl._keras.access import add_metric_update
 from keras_ctl._keras.access import add_to_mean
@@ -44,13 +49,6 @@ from keras_ctl._keras.access import set_initial_epoch
 from keras_ctl._keras.access import strategy_of_variable
 from keras_ctl._keras.access import user_compute_loss
 from keras_ctl._keras.access import user_loss
-from keras_ctl._keras.eager_ops import eager_ops_noted
-from keras_ctl._keras.functions import users_functions_inlined
-from keras_ctl._keras.losses import LossParts
-from keras_ctl._keras.losses import examples_of_batch
-from keras_ctl._keras.losses import rows_of_global_batch
-from keras_ctl._keras.metrics import metric_results_among
-from keras_ctl._keras.metrics import results_noted
 from keras_ctl._keras.models import SymbolicBuildFromFirstReplica
 from keras_ctl._keras.models import build_from_spec
 from keras_ctl._keras.models import reduce_as_saved_model
@@ -58,25 +56,18 @@ from keras_ctl._keras.models import register_under_name
 from keras_ctl._keras.models import strategy_created_under
 from keras_ctl._keras.models import without_strategy
 from keras_ctl._keras.names import KerasInternalMissing
-from keras_ctl._keras.optimizers import Applied
 from keras_ctl._keras.optimizers import EmaAfterStep
-from keras_ctl._keras.optimizers import applies_captured
 from keras_ctl._keras.optimizers import count_micro_batch
 from keras_ctl._keras.optimizers import keras_accumulators
 from keras_ctl._keras.optimizers import micro_batch_iterations
 from keras_ctl._keras.optimizers import one_update_of_accumulated_steps
-from keras_ctl._keras.random import NeedsEagerStep
-from keras_ctl._keras.random import draw_rows_as_one_device
 from keras_ctl._keras.random import is_seed_state
-from keras_ctl._keras.random import needs_eager_step
 from keras_ctl._keras.replacements import REPLACEMENTS
 from keras_ctl._keras.replacements import gradients_already_summed
 from keras_ctl._keras.replacements import in_effect
 from keras_ctl._keras.replacements import keep_sharded_reads
-from keras_ctl._keras.replacements import loss_parts
 from keras_ctl._keras.replacements import replaced
 from keras_ctl._keras.replacements import replica_step
-from keras_ctl._keras.replacements import updated_metrics
 from keras_ctl._keras.state import count_only_real_examples
 from keras_ctl._keras.state import real_examples
 from keras_ctl._keras.state import without_placeholder
@@ -90,30 +81,23 @@ functional_init_arguments = names.member(
 )
 
 __all__ = [
-    "Applied",
     "EmaAfterStep",
     "Functional",
     "KerasInternalMissing",
-    "LossParts",
-    "NeedsEagerStep",
     "RAN_OUT_OF_DATA",
     "REPLACEMENTS",
     "SymbolicBuildFromFirstReplica",
     "add_metric_update",
     "add_to_mean",
     "all_layers",
-    "applies_captured",
     "build_from_spec",
     "compile_loss",
     "compile_loss_terms",
     "compile_metrics",
     "count_micro_batch",
     "count_only_real_examples",
-    "draw_rows_as_one_device",
     "is_seed_state",
-    "eager_ops_noted",
     "end_epoch_early",
-    "examples_of_batch",
     "functional_init_arguments",
     "gradients",
     "gradients_already_summed",
@@ -121,12 +105,10 @@ __all__ = [
     "initial_epoch",
     "keep_sharded_reads",
     "keras_accumulators",
-    "loss_parts",
     "loss_tracker",
-    "metric_results_among",
     "micro_batch_iterations",
     "names",
-    "needs_eager_step",
+    "ops",
     "one_update_of_accumulated_steps",
     "pack_like_compile_loss",
     "per_output_loss_trackers",
@@ -135,15 +117,11 @@ __all__ = [
     "register_under_name",
     "replaced",
     "replica_step",
-    "results_noted",
-    "rows_of_global_batch",
     "set_initial_epoch",
     "strategy_created_under",
     "strategy_of_variable",
-    "updated_metrics",
     "user_compute_loss",
     "user_loss",
-    "users_functions_inlined",
     "without_placeholder",
     "without_strategy",
 ]

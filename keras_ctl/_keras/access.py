@@ -1,6 +1,7 @@
 """Plain accessors of Keras internals: the compiled loss and metrics, loss
 trackers, the epoch counter, layers; each says why no public hook does it."""
 
+import functools
 from typing import Any
 from typing import NoReturn
 
@@ -183,3 +184,20 @@ def strategy_of_variable(
     TensorFlow variable's `_distribute_strategy` (a `MirroredVariable` has
     a public `distribute_strategy`, a plain `tf.Variable` none)."""
     return names.attribute(variable.value, "_distribute_strategy", None)
+
+
+def converts_with_autograph(function: object) -> bool:
+    """Whether the `tf.function` `function` converts its Python function
+    with AutoGraph (`Function._autograph`; `True` where it has none)."""
+    return bool(names.attribute(function, "_autograph", True))
+
+
+@functools.cache
+def tensorflow_wrapper_modules() -> tuple[str, ...]:
+    """The prefixes of the modules of TensorFlow's frames between a call and
+    its caller: AutoGraph's `converted_call`, dispatch, traceback and
+    decorator wrappers. Any other frame of TensorFlow's (a gradient
+    function, a variable's update) is TensorFlow's own call."""
+    autograph = names.module("tensorflow.python.autograph")
+    util = names.module("tensorflow.python.util")
+    return (f"{autograph.__name__}.", f"{util.__name__}.")

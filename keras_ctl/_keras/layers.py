@@ -1,196 +1,34 @@
-"""Layers inside a replica step: synchronized BatchNorm's moments without
-the placeholder example, and layers of a replica without examples."""
+"""What Keras keeps on layers and tensors under private names: a layer's
+own losses, and the mask and logits Keras reads off a tensor."""
 
 import tensorflow as tf
-from keras import tree
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
-from keras_ctl._keras.state import without_placeholder
-from keras_ctl._replicas import num_replicas
-from keras_ctl._replicas import sum_read_as_one_device
-from keras_ctl._replicas import with_placeholder_rows
 
 
-def exact_sync_moments(original):
-    """`BatchNormalization(synchronized=True)` counts only real examples,
-    in one collective.
-
-    Keras's `_compute_moments_sync` (TensorFlow backend) all-reduces each
-    replica's sum, sum of squares and count, in three collectives, counting
-    every row of the batch: a replica's placeholder example (see
-    `count_only_real_examples`) would enter the moments. Here the
-    placeholder is left out and the three sums travel in one all-reduce,
-    whose gradient is one device's in a step of one's own too
-    (`sum_read_as_one_device`). Checked on Keras 3.12.0 and 3.15.1.
-    """
-
-    def compute_moments_sync(x, axes, keepdims):
-        if (
-            not getattr(_in_step, "active", False)
-            or tf.distribute.get_replica_context() is None
-        ):
-            return original(x, axes, keepdims)
-        if 0 in axes:
-            x = without_placeholder(x)
-        local_sum = tf.reduce_sum(x, axis=axes, keepdims=True)
-        local_squares = tf.reduce_sum(tf.square(x), axis=axes, keepdims=True)
-        local_count = tf.reduce_sum(tf.ones_like(x), axis=axes, keepdims=True)
-        total, squares, count = tf.unstack(
-            sum_read_as_one_device(tf.stack([local_sum, local_squares, local_count]))
-        )
-        mean = tf.math.divide_no_nan(total, count)
-        variance = tf.maximum(
-            tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0
-        )
-        if not keepdims:
-            mean = tf.squeeze(mean, axes)
-            variance = tf.squeeze(variance, axes)
-        return mean, variance
-
-    return compute_moments_sync
+def own_losses(layer: object) -> list[object]:
+    """The losses `layer`'s last call left (`Layer._losses`)."""
+    return list(names.attribute(layer, "_losses"))
 
 
-def moments_over_global_batch(original):
-    """With `compile(batch_statistics="global")`, moments over the examples'
-    axis in a training step under several replicas are the global
-    batch's: every `BatchNormalization` computes them as
-    `synchronized=True` does (`exact_sync_moments`), its moving statistics
-    with them. Moments over other axes (a layer's own normalization) are
-    left alone. Replaces the TensorFlow backend's `nn.moments`, which
-    `keras.ops.moments` calls (checked on Keras 3.15.1).
-    """
+def keep_keras_annotations(kept: tf.Tensor, tensor: tf.Tensor, cut) -> tf.Tensor:
+    """`kept`, cut from `tensor` by `cut`, with Keras's mask and logits of
+    `tensor` cut the same way.
 
-    def moments(x, axes, keepdims=False, synchronized=False):
-        rank = x.shape.rank
-        if (
-            getattr(_in_step, "batch_statistics", None) == "global"
-            and num_replicas() > 1
-            and rank
-            and 0 in [axis % rank for axis in axes]
-        ):
-            synchronized = True
-        return original(x, axes, keepdims, synchronized)
-
-    return moments
-
-
-def layers_of_empty_batches(original):
-    """A layer called by a step of one's own on a replica without examples
-    computes on one placeholder example of zeros, whose row it drops from
-    its outputs: the caller gets the empty batch's outputs.
-
-    The last global batch can leave a replica without examples, and a step
-    of one's own gets that empty batch as it is. Many kernels fail on it or
-    give it a wrong shape: TensorFlow's oneDNN CPU convolutions (wrong
-    output channels, a failing gradient), `tf.pad(mode="REFLECT")`, Keras's
-    LSTM cell (an `ops.add` taken for a bias). Only the outermost layer
-    call pads (layers inside it see the placeholder); synchronized
-    BatchNorm leaves the placeholder out (`real_examples`), and losses,
-    metrics and gradients computed from the outputs see no example.
-    The default steps pad their data themselves and are left alone.
-    Replaces `Layer.__call__` (checked on Keras 3.12.0 and 3.15.1).
-    """
-
-    def call(self, *args, **kwargs):
-        if not getattr(_in_step, "active", False) or num_replicas() == 1:
-            return original(self, *args, **kwargs)
-        if getattr(_in_step, "real_examples", None) is not None:
-            outputs = original(self, *args, **kwargs)
-        else:
-            outputs = _on_a_placeholder_if_empty(original, self, args, kwargs)
-        note_own_losses(self)
-        return outputs
-
-    return call
-
-
-def _on_a_placeholder_if_empty(original, layer, args, kwargs):
-    """`original(layer, *args, **kwargs)`, on a placeholder example when the
-    batch is empty, without the placeholder's rows."""
-    leaves = [t for t in tree.flatten((args, kwargs)) if _may_be_empty(t)]
-    if not leaves:
-        return original(layer, *args, **kwargs)
-    rows = tf.shape(leaves[0])[0]
-    missing = tf.cast(tf.equal(rows, 0), tf.int32)
-    padded = {id(t): with_placeholder_rows(t, missing) for t in leaves}
-    args, kwargs = tree.map_structure(lambda t: padded.get(id(t), t), (args, kwargs))
-    # The padded batch's static size: `None`, or 1 where TensorFlow knows
-    # the batch was empty (run eagerly, or a static 0).
-    size = padded[id(leaves[0])].shape[0]
-    _in_step.real_examples = rows
-    try:
-        outputs = original(layer, *args, **kwargs)
-    finally:
-        _in_step.real_examples = None
-    return tree.map_structure(lambda t: _without_rows(t, missing, size), outputs)
-
-
-def own_losses_of_this_replica(original):
-    """A layer's own losses (`add_loss`, activity regularizers), read in a
-    replica step under several replicas, are those its last call in this
-    replica's thread left.
-
-    Replica threads share the layers, and Keras keeps a layer's losses in
-    one list (`Layer._losses`), emptied when a model's call begins: when a
-    replica waits on a collective (a `Loss` object's global count, a
-    synchronized BatchNorm), another replica's forward pass replaces them,
-    and `model.losses` read after that is the other replica's. Each
-    layer's list is noted at the end of each of its calls in this thread
-    (`note_own_losses`). Replaces `Layer._get_own_losses` (checked on Keras
-    3.12.0, 3.15.1 and 3.16).
-    """
-
-    def _get_own_losses(self):
-        noted = getattr(_in_step, "own_losses", None)
-        if noted is None or id(self) not in noted:
-            return original(self)
-        return list(noted[id(self)])
-
-    return _get_own_losses
-
-
-def note_own_losses(layer):
-    """Notes `layer`'s own losses as its call in this replica step left them."""
-    noted = getattr(_in_step, "own_losses", None)
-    if noted is None:
-        noted = _in_step.own_losses = {}
-    own = names.attribute(layer, "_losses")
-    noted[id(layer)] = list(own)
-
-
-def _may_be_empty(value):
-    """A tensor whose leading (batch) dimension may be 0: unknown in a
-    trace, 0 when run eagerly (a GAN's first step)."""
-    return tf.is_tensor(value) and value.shape.rank and value.shape[0] in (None, 0)
-
-
-def _without_rows(tensor, missing, size):
-    """`tensor` without the placeholder's row, when its leading dimension is
-    the padded batch's (`size`: its static size, or `None`)."""
-    if not (tf.is_tensor(tensor) and tensor.shape.rank):
-        return tensor
-    if tensor.shape[0] is not None and tensor.shape[0] != size:
-        return tensor
-    kept = _first_rows(tensor, missing)
-    # Keras reads a mask and a softmax's or sigmoid's logits off the tensor
-    # (`_keras_mask`, `_keras_logits`, no public setter); its losses also
-    # find the logits of a `Softmax` or `Sigmoid` op by the op's type.
-    # Carried over, a cross-entropy of the layer's output is computed from
-    # its logits, as on one device.
+    Keras reads a mask and a softmax's or sigmoid's logits off the tensor
+    (`_keras_mask`, `_keras_logits`, no public setter); its losses also
+    find the logits of a `Softmax` or `Sigmoid` op by the op's type.
+    Carried over, a cross-entropy of the layer's output is computed from
+    its logits, as on one device."""
     mask = names.attribute(tensor, "_keras_mask", None)
     if mask is not None:
-        kept._keras_mask = _first_rows(mask, missing)
+        kept._keras_mask = cut(mask)
     logits = names.attribute(tensor, "_keras_logits", None)
     if logits is None and _activation_op(tensor):
         logits = tensor.op.inputs[0]
     if logits is not None:
-        kept._keras_logits = _first_rows(logits, missing)
+        kept._keras_logits = cut(logits)
     return kept
-
-
-def _first_rows(tensor, missing):
-    return tensor[: tf.shape(tensor)[0] - missing]
 
 
 def _activation_op(tensor):

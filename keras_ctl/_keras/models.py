@@ -10,8 +10,6 @@ import tensorflow as tf
 from keras_ctl._keras import names
 from keras_ctl._keras.iterators import DeferredDataset
 from keras_ctl._keras.iterators import keras_dataset
-from keras_ctl._keras.iterators import with_positions
-from keras_ctl._own_code import is_users_own
 
 
 class SymbolicBuildFromFirstReplica:
@@ -40,7 +38,7 @@ class SymbolicBuildFromFirstReplica:
             dataset = keras_dataset(iterator)
             # On one device too: a resumed run replays epochs of its data
             # before it opens the first (`iterators.replay_epochs`).
-            _defer_iterators(iterator, dataset, self._batches_with_positions())
+            _defer_iterators(iterator, dataset, self._with_positions)
         if strategy_created_under(self) is None or not _callable_model(self):
             # Keras builds when the step is traced (a model without `call`,
             # like the keras.io guide's GAN, can only be built so).
@@ -69,10 +67,15 @@ class SymbolicBuildFromFirstReplica:
                     "end). Pass data with examples, or build the model first."
                 ) from None
 
-    def _batches_with_positions(self) -> bool:
-        """Whether the batches of `fit()` and `evaluate()` carry each
-        example's position in the global batch
-        (`iterators.PositionedBatch`), for the model's steps to read."""
+    def _with_positions(self, dataset, strategy):
+        """`dataset` distributed by `strategy` with each example's position
+        in the global batch, for the model's steps to read, or `None`: the
+        batches of `fit()` and `evaluate()` carry none (the model says)."""
+        return None
+
+    def _steps_are_its_own(self) -> bool:
+        """Whether the model trains or evaluates with a step of the user's
+        own (the model says)."""
         return False
 
 
@@ -93,7 +96,7 @@ def _left_to_its_step(model):
     accuracy). One device builds them in the step's first call, and so does
     such a model here.
     """
-    if not _has_own_step(model):
+    if not model._steps_are_its_own():
         yield
         return
     # Set past Keras's tracking, which refuses new state once built.
@@ -123,12 +126,7 @@ def _built_by_its_step(model, error):
     step."""
     if isinstance(error.__context__, NotImplementedError):
         return True
-    return _has_own_step(model)
-
-
-def _has_own_step(model):
-    """Whether `model` trains or evaluates with a step of the user's own."""
-    return any(is_users_own(model, name) for name in ("train_step", "test_step"))
+    return model._steps_are_its_own()
 
 
 def _callable_model(model):
@@ -137,18 +135,18 @@ def _callable_model(model):
     return isinstance(model, functional) or type(model).call is not keras.Model.call
 
 
-def _defer_iterators(epoch_iterator, source, positioned=False):
+def _defer_iterators(epoch_iterator, source, with_positions=None):
     """Makes Keras's epoch iterator open each distributed iterator on first
     use (`TFEpochIterator._distributed_dataset`, returned by its
     `_get_iterator`, is what it calls `iter()` on, one epoch ahead); with
-    `positioned`, each batch of `source` (`iterators.keras_dataset`)
-    carries its examples' positions in the global batch, where they are
-    known (`iterators.with_positions`).
+    `with_positions(source, strategy)`, each batch of `source`
+    (`iterators.keras_dataset`) carries its examples' positions in the
+    global batch, where it gives a dataset.
     """
     dataset = names.attribute(epoch_iterator, "_distributed_dataset", None)
     if dataset is not None and not isinstance(dataset, DeferredDataset):
         adapter: Any = getattr(epoch_iterator, "data_adapter", None)
-        if positioned and source is not None:
+        if with_positions is not None and source is not None:
             strategy = names.attribute(epoch_iterator, "_distribute_strategy")
             dataset = with_positions(source, strategy) or dataset
         # Keras 3.15's adapters whose `tf.data` dataset holds the order and

@@ -1,26 +1,27 @@
 """The seam's state inside a replica step.
 
-`_in_step` is this thread's record of the replica step it runs (replica
+`in_step` is this thread's record of the replica step it runs (replica
 threads share the model): whether one is active, how many of its examples
-are real, which optimizers apply summed gradients. Every replacement in
-`replacements.REPLACEMENTS` reads it, and does what Keras does unless a
-step of keras_ctl asked otherwise.
+are real, which optimizers apply summed gradients. Every behaviour that
+replaces a Keras attribute (`behaviours`, the rows of `table.REPLACEMENTS`)
+reads it, and does what Keras does unless a step of keras_ctl asked
+otherwise.
 """
 
 import threading
 
 import tensorflow as tf
 
-_in_step = threading.local()
+in_step = threading.local()
 
 
 def record_write(variable: object, value: object = None) -> None:
     """Notes that this replica step assigns `variable` (see `replica_step`'s
     `written`), and the tensor `value` it assigns (its `assigned`)."""
-    written = getattr(_in_step, "written", None)
+    written = getattr(in_step, "written", None)
     if written is not None:
         written.add(id(variable))
-    assigned = getattr(_in_step, "assigned", None)
+    assigned = getattr(in_step, "assigned", None)
     if assigned is not None and tf.is_tensor(value):
         assigned.append((variable, value))
 
@@ -28,13 +29,13 @@ def record_write(variable: object, value: object = None) -> None:
 def count_only_real_examples(batch_size: tf.Tensor) -> None:
     """Tells synchronized BatchNorm in this replica step that only the first
     `batch_size` examples are real (the rest is a placeholder)."""
-    _in_step.real_examples = batch_size
+    in_step.real_examples = batch_size
 
 
 def real_examples() -> tf.Tensor | None:
     """The number of real examples of this replica step's batch when it was
     padded with a placeholder (`count_only_real_examples`), else `None`."""
-    return getattr(_in_step, "real_examples", None)
+    return getattr(in_step, "real_examples", None)
 
 
 def without_placeholder(values: tf.Tensor) -> tf.Tensor:

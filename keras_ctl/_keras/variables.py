@@ -1,5 +1,5 @@
-"""Variables that workers share or that parameter servers shard:
-atomic updates, per-shard gradients and updates, whole reads."""
+"""Variables that parameter servers shard: per-shard gradients and
+updates, whole reads; and the record of a step's writes."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -9,12 +9,11 @@ import numpy as np
 import tensorflow as tf
 
 from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
 from keras_ctl._keras.state import record_write
-from keras_ctl._replicas import Gradient
-from keras_ctl.distribute import topology
 
 
+@registered
 def write_records(original):
     """A Keras variable assigned in a replica step is noted there, with the
     value assigned (`record_write`): the logs re-read only the metrics a
@@ -32,34 +31,9 @@ def write_records(original):
     return direct_assign
 
 
-def atomic_update(original, native):
-    """Under `ParameterServerStrategy`, `variable.assign_add(v)` (or
-    `assign_sub`, `native`) in a step is one atomic update on the parameter
-    server.
-
-    Keras implements them as `assign(self + v)` (`KerasVariable`): two
-    workers that read the same value both write their own sum, and one
-    update is lost (seen: 8 of 10 steps counted in `optimizer.iterations`,
-    metrics short of examples). TensorFlow's own `assign_add` is one op on
-    the variable's device. Checked on Keras 3.12.0 and 3.15.1.
-    """
-
-    def update(self, value):
-        record_write(self)
-        if (
-            not getattr(_in_step, "active", False)
-            or not topology.of().parameter_servers
-        ):
-            return original(self, value)
-        variable = self.value
-        return getattr(variable, native)(tf.cast(value, variable.dtype))
-
-    return update
-
-
 def gradients(
     tape: tf.GradientTape, target: tf.Tensor, variables: Iterable[keras.Variable]
-) -> list[Gradient | None]:
+) -> list[tf.Tensor | tf.IndexedSlices | None]:
     """`tape.gradient(target, variables)`, for variables sharded across
     parameter servers too.
 
@@ -117,6 +91,7 @@ def _joined(parts, shards, variable):
     return tf.IndexedSlices(tf.concat(values, 0), tf.concat(indices, 0), shape)
 
 
+@registered
 def sharded_updates(original):
     """The optimizer updates a variable sharded across parameter servers.
 
@@ -156,6 +131,7 @@ def _sharded_keras_variable(variable):
     return _sharded(_tf_variable(variable))
 
 
+@registered
 def whole_sharded_array(original):
     """A Keras variable sharded across parameter servers reads as its whole
     value in `np.asarray(variable)` (what `model.save()` and
@@ -175,6 +151,7 @@ def whole_sharded_array(original):
     return __array__
 
 
+@registered
 def whole_sharded_checkpoint(original):
     """A Keras variable sharded across parameter servers is saved in a
     checkpoint as one tensor, which restores under any strategy (`assign`

@@ -4,7 +4,7 @@ Keras whose attributes rows replace: TensorFlow's module of `tf.function`,
 Python's `random`) is the same object after
 `import keras_ctl`, and a plain `keras.Model` trains bit for bit as without
 it. Keras's attributes are replaced only while a keras_ctl call runs (each
-row of `replacements.REPLACEMENTS`), and are Keras's own again after."""
+row of `table.REPLACEMENTS`), and are Keras's own again after."""
 
 import json
 

@@ -208,9 +208,9 @@ class CountingCallbacks(keras.Model):
 
 
 def test_an_eager_step_leaves_no_op_callback_even_when_it_raises():
-    """The eager step's op callbacks (`_keras.eager_ops`) are gone when
-    the call ends, by an exception too: a plain `keras.Model` stepping
-    eagerly under the same strategy afterwards runs with none."""
+    """The eager step's op callbacks (`_keras.ops.eager_ops_of_this_thread`)
+    are gone when the call ends, by an exception too: a plain `keras.Model`
+    stepping eagerly under the same strategy afterwards runs with none."""
     x = np.arange(32, dtype="int32").reshape(8, 4) % VOCABULARY
     y = np.zeros((8, 1), "float32")
     strategy = devices.get("mirrored")

@@ -1,7 +1,8 @@
-"""Imports run downward only: ground floor, seam, typed outputs, engine,
-public modules, applications (ARCHITECTURE.md); and no module of the
-package imports itself back through others, at any depth, within a layer
-too."""
+"""Imports run downward only: seam, ground floor, replaced behaviours,
+typed outputs, engine, public modules, applications (ARCHITECTURE.md); no
+module of the package imports itself back through others, at any depth,
+within a layer too; the seam imports nothing of keras_ctl but itself, and
+no module outside it names a private Keras or TensorFlow name."""
 
 import ast
 import pathlib
@@ -10,6 +11,7 @@ import keras_ctl
 
 PACKAGE = pathlib.Path(keras_ctl.__file__).parent
 LAYERS = [
+    ("seam", ("_keras",)),
     (
         "ground",
         (
@@ -23,12 +25,14 @@ LAYERS = [
             "_own_code",
         ),
     ),
-    ("seam", ("_keras",)),
+    ("replaced behaviours", ("_replaced",)),
     ("typed outputs", ("outputs",)),
     ("engine", ("_engine",)),
     ("public", ()),  # every other module of the package
     ("applications", ("cli", "demos")),
 ]
+PUBLIC = [layer for layer, _ in LAYERS].index("public")
+SEAM = PACKAGE / "_keras"
 
 
 def layer_of(module):
@@ -37,7 +41,7 @@ def layer_of(module):
     for index, (_, names) in enumerate(LAYERS):
         if top in names:
             return index
-    return 4
+    return PUBLIC
 
 
 def imports(path):
@@ -66,6 +70,57 @@ def test_no_import_runs_upward():
             if layer_of(imported) > layer_of(module):
                 upward.append(f"{module} -> {imported}")
     assert upward == []
+
+
+def test_the_seam_imports_nothing_of_keras_ctl_but_itself():
+    """The seam is an adapter: what keras_ctl decides is handed to it
+    (`_keras.behaviours`), never imported by it."""
+    outside = [
+        f"{path.name} -> {imported}"
+        for path in sorted(SEAM.glob("*.py"))
+        for imported in imports(path)
+        if imported.split(".")[0] != "_keras"
+    ]
+    assert outside == []
+
+
+# Private names of Keras and TensorFlow, as source text names them: their
+# private packages, TensorFlow's internal namespace, and the op types its
+# collectives run as (`_keras.ops`).
+PRIVATE_TEXT = (
+    "keras.src",
+    "tensorflow.python",
+    "tf.__internal__",
+    "CollectiveGatherV2",
+)
+COLLECTIVE_OP_PREFIXES = ("Collective", "Nccl")
+
+
+def test_no_private_keras_name_outside_the_seam():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if SEAM in path.parents:
+            continue
+        source = path.read_text()
+        relative = path.relative_to(PACKAGE)
+        found += [f"{relative}: {text}" for text in PRIVATE_TEXT if text in source]
+        for node in ast.walk(ast.parse(source)):
+            value = getattr(node, "value", None)
+            if isinstance(node, ast.Constant) and isinstance(value, str):
+                if value.startswith(COLLECTIVE_OP_PREFIXES):
+                    found.append(f"{relative}:{node.lineno} {value!r}")
+    assert found == []
+
+
+def test_every_seam_module_is_at_most_250_lines():
+    """The seam holds Keras's names and the wiring of replacements, not
+    keras_ctl's logic: the next Keras release costs one module's reading."""
+    long = {
+        path.name: lines
+        for path in SEAM.glob("*.py")
+        if (lines := len(path.read_text().splitlines())) > 250
+    }
+    assert long == {}
 
 
 def module_graph():

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import keras_ctl
 from keras_ctl import _keras
+from keras_ctl._keras import behaviours
 from keras_ctl._keras import names
 
 PACKAGE = pathlib.Path(keras_ctl.__file__).parent
@@ -201,7 +202,21 @@ def test_each_replacement_is_one_row_saying_why():
     present = [(owner, name) for owner, name in rows if owner is not None]
     assert len(set(present)) == len(present) == len(_keras.replaced())
     for replacement in _keras.REPLACEMENTS:
-        make = getattr(replacement.make, "func", replacement.make)
+        make = behaviours.named(replacement.behaviour)
         assert make.__doc__ and replacement.why
     for owner, name in present:
         assert hasattr(owner, name), f"{owner}.{name}"
+
+
+def test_a_row_whose_behaviour_nobody_registered_fails_naming_it(monkeypatch):
+    # The seam is handed keras_ctl's behaviours; a row left without one is
+    # refused before anything is replaced.
+    from keras_ctl._keras import replacements
+
+    orphan = _keras.REPLACEMENTS[0]._replace(behaviour="no_such_behaviour")
+    monkeypatch.setattr(replacements, "REPLACEMENTS", (*_keras.REPLACEMENTS, orphan))
+    keras_own = [(o, n, getattr(o, n)) for o, n in replacements.replaced()]
+    with pytest.raises(behaviours.BehaviourMissing, match="no_such_behaviour"):
+        with _keras.in_effect():
+            pass
+    assert all(getattr(o, n) is own for o, n, own in keras_own)

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from keras_ctl._keras import names
-from keras_ctl._keras import random as random_seam
 from keras_ctl._keras import stateless_rows
+from keras_ctl._replaced import random_rows
 
 BACKEND = names.module("keras.src.backend.tensorflow.random")
 GLOBAL_ROWS = 7
@@ -52,8 +52,8 @@ def replicas_rows(name, row, dtype, kwargs, static, offset_known=True):
     as one device (`static`: the batch size is known before it runs;
     `offset_known`: the rows before it are), and the graph's op types."""
     replaced = {
-        "dropout": random_seam.dropout_as_one_device,
-    }.get(name, random_seam.shaped_as_one_device)(getattr(BACKEND, name))
+        "dropout": random_rows.dropout_as_one_device,
+    }.get(name, random_rows.shaped_as_one_device)(getattr(BACKEND, name))
 
     seeds = [keras.random.SeedGenerator(SEED) for _ in SHARES]
 
@@ -63,7 +63,7 @@ def replicas_rows(name, row, dtype, kwargs, static, offset_known=True):
             zip(SHARES, batches, seeds)
         ):
             offset = tf.constant(before) if offset_known else befores[index]
-            with random_seam.draw_rows_as_one_device(
+            with random_rows.draw_rows_as_one_device(
                 tf.shape(batch)[0], offset, rows if static else None
             ):
                 if name == "dropout":

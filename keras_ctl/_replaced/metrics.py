@@ -1,5 +1,6 @@
-"""Metrics inside a step: trackers in code of the user's own, and which
-logged values are metric results."""
+"""Metrics inside a step: trackers in code of the user's own (the
+behaviour of the seam's `Mean.update_state` row), which logged values are
+metric results, and which metrics a step updated."""
 
 import contextlib
 import threading
@@ -8,12 +9,14 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._replicas import batch_fraction
 from keras_ctl._replicas import never_empty
 from keras_ctl._replicas import num_replicas
 
 
+@registered
 def weighed_by_batch(original):
     """A `keras.metrics.Mean` given one value inside a `compute_loss` of
     the user's own weighs it by the replica's fraction of the global batch.
@@ -62,8 +65,8 @@ def _static_batch_size_of_compiled_loss(sample_weight):
     its per-output trackers, in an eager step standing for a trace."""
     return (
         isinstance(sample_weight, int)
-        and getattr(_in_step, "stands_for_trace", False)
-        and getattr(_in_step, "examples", None) is not None
+        and getattr(in_step, "stands_for_trace", False)
+        and getattr(in_step, "examples", None) is not None
     )
 
 
@@ -104,12 +107,12 @@ def results_noted(metrics):
             entry[1] += 1
             mine.append(entry)
     results: dict[int, tuple[Any, keras.metrics.Metric, str | None]] = {}
-    previous = getattr(_in_step, "results", None)
-    _in_step.results = results
+    previous = getattr(in_step, "results", None)
+    in_step.results = results
     try:
         yield results
     finally:
-        _in_step.results = previous
+        in_step.results = previous
         with _noting:
             for entry in mine:
                 entry[1] -= 1
@@ -123,7 +126,7 @@ def _noting_result(metric):
 
     def result():
         value = own(metric)
-        results = getattr(_in_step, "results", None)
+        results = getattr(in_step, "results", None)
         if results is None:
             return value
         if isinstance(value, dict):
@@ -141,7 +144,7 @@ def metric_results_among(outputs: Any, noted: Any = None) -> dict[str, Any]:
     dict) that are metric results noted by `results_noted` (by default,
     those this replica step's thread notes)."""
     if noted is None:
-        noted = getattr(_in_step, "results", None) or {}
+        noted = getattr(in_step, "results", None) or {}
     if not isinstance(outputs, dict):
         return {}
     found = {}
@@ -150,3 +153,8 @@ def metric_results_among(outputs: Any, noted: Any = None) -> dict[str, Any]:
         if known is not None and known[0] is value:
             found[key] = known[1:]
     return found
+
+
+def updated_metrics(metrics: list[Any], written: set[int]) -> list[Any]:
+    """The `metrics` any of whose variables a step assigned (`written`)."""
+    return [m for m in metrics if any(id(v) in written for v in m.variables)]

@@ -1,16 +1,19 @@
-"""A `tf.function` of the user's own, called inside a replica step."""
+"""A `tf.function` of the user's own, called inside a replica step (the
+behaviour of the seam's `Function.__call__` row)."""
 
 import contextlib
 from collections.abc import Iterator
 
 import tensorflow as tf
 
-from keras_ctl._keras import names
-from keras_ctl._keras.state import _in_step
+from keras_ctl._keras import access
+from keras_ctl._keras.behaviours import registered
+from keras_ctl._keras.state import in_step
 from keras_ctl._own_code import is_users_function
 from keras_ctl._replicas import num_replicas
 
 
+@registered
 def inlined_in_replica_steps(original):
     """A `tf.function` of the user's own called inside a replica step under
     several replicas runs as part of the step's own trace.
@@ -31,15 +34,15 @@ def inlined_in_replica_steps(original):
     def __call__(self, *args, **kwargs):
         python_function = self.python_function
         in_replica_step = (
-            getattr(_in_step, "active", False)
+            getattr(in_step, "active", False)
             and num_replicas() > 1
             and tf.distribute.get_replica_context() is not None
         )
         if not (
-            in_replica_step or getattr(_in_step, "inlining", False)
+            in_replica_step or getattr(in_step, "inlining", False)
         ) or not is_users_function(python_function):
             return original(self, *args, **kwargs)
-        if names.attribute(self, "_autograph", True):
+        if access.converts_with_autograph(self):
             python_function = tf.autograph.to_graph(python_function)
         return python_function(*args, **kwargs)
 
@@ -50,9 +53,9 @@ def inlined_in_replica_steps(original):
 def users_functions_inlined() -> Iterator[None]:
     """Within it (this thread), a `tf.function` of the user's own runs as
     part of the caller's trace, as in a replica step."""
-    previous = getattr(_in_step, "inlining", False)
-    _in_step.inlining = True
+    previous = getattr(in_step, "inlining", False)
+    in_step.inlining = True
     try:
         yield
     finally:
-        _in_step.inlining = previous
+        in_step.inlining = previous
