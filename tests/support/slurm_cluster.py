@@ -26,6 +26,8 @@ import time
 
 import children
 
+from keras_ctl.launch import free_ports
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 STEP_PORTS = 40  # reserved ports for the steps, a few per step
 
@@ -133,7 +135,7 @@ def running(folder, timeout=60):
         (folder / name).mkdir()
     (folder / "munge.key").write_bytes(os.urandom(1024))
     (folder / "munge.key").chmod(0o400)
-    ctld_port, slurmd_port = _free_ports(2)
+    ctld_port, slurmd_port = free_ports(2)
     step_ports = _free_port_range(STEP_PORTS)
     (folder / "slurm.conf").write_text(
         CONFIGURATION.format(
@@ -245,19 +247,6 @@ def _cluster_processes(cluster, daemons):
         if marker in environ.split(b"\0") and state != "Z" and int(parent) not in own:
             found.append(int(entry.name))
     return found
-
-
-def _free_ports(count):
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _free_port_range(count):
