@@ -24,12 +24,22 @@ def launched(workers, command, *, timeout):
     return [*launcher, "--timeout", timeout, "--", *command]
 
 
+# Put first on a child's `PYTHONPATH`: its `sitecustomize` keeps Python's
+# full garbage collections off the heap TensorFlow and Keras make as they
+# import (`child_site/sitecustomize.py`).
+CHILD_SITE = os.path.join(HERE, "child_site")
+
+
 def quiet_env(env=None):
     """`env` (default: this process's) without TensorFlow's log lines, unless
-    `env` sets their level itself."""
+    `env` sets their level itself, and with `CHILD_SITE` first on its
+    `PYTHONPATH`."""
     if env is None:
-        return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return {"TF_CPP_MIN_LOG_LEVEL": "3", **env}
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if CHILD_SITE not in paths:
+        paths.insert(0, CHILD_SITE)
+    return {"TF_CPP_MIN_LOG_LEVEL": "3", **env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def start(command, *, env=None, cwd=HERE):
