@@ -15,13 +15,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PYTHON = sys.executable
 KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
+# The launcher as the module beside the package, which starts without
+# TensorFlow and Keras, as `keras-ctl launch` does: `python -m
+# keras_ctl.launch` imports the package first (4 to 5 s of CPU a job, for
+# a process that only waits). `multi_worker_test.py` runs that route.
+LAUNCHER = [PYTHON, "-m", "keras_ctl_launch"]
 
 
 def launched(workers, command, *, timeout):
     """`command` as a job of `workers` processes on 127.0.0.1, started by
-    `python -m keras_ctl.launch`, which stops them all after `timeout` s."""
-    launcher = [PYTHON, "-m", "keras_ctl.launch", "--workers", workers]
-    return [*launcher, "--timeout", timeout, "--", *command]
+    the launcher (`LAUNCHER`), which stops them all after `timeout` s."""
+    return [*LAUNCHER, "--workers", workers, "--timeout", timeout, "--", *command]
 
 
 # Put first on a child's `PYTHONPATH`: its `sitecustomize` keeps Python's
