@@ -18,9 +18,7 @@ def counts(tmp_path_factory):
     out = tmp_path_factory.mktemp("collectives") / "counts.json"
     result = children.run(
         [
-            children.PYTHON,
-            "-m",
-            "keras_ctl.launch",
+            *children.LAUNCHER,
             "--workers",
             2,
             "--timeout",

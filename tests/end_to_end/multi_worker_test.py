@@ -1,5 +1,7 @@
 """CTLModel and GAN under MultiWorkerMirroredStrategy: 2 worker processes on
-127.0.0.1, started by `python -m keras_ctl.launch`, equal to one device."""
+127.0.0.1, started by the launcher (`python -m keras_ctl_launch`, which
+starts without TensorFlow), equal to one device; the launcher's own
+behaviours, and its route through the package, `python -m keras_ctl.launch`."""
 
 import json
 import os
@@ -84,9 +86,7 @@ def test_launcher_stops_the_job_when_a_worker_is_killed():
     start = time.monotonic()
     result = children.run(
         [
-            children.PYTHON,
-            "-m",
-            "keras_ctl.launch",
+            *children.LAUNCHER,
             "--workers",
             2,
             "--grace",
@@ -115,7 +115,7 @@ def test_workers_end_with_a_launcher_killed_by_sigkill(tmp_path):
         "str(os.getpid()))\n"
         "time.sleep(600)\n"
     )
-    command = [children.PYTHON, "-m", "keras_ctl.launch", "--workers", 2, "--"]
+    command = [*children.LAUNCHER, "--workers", 2, "--"]
     launcher = children.start([*command, children.PYTHON, "-c", script])
     workers = []
     try:
@@ -148,6 +148,9 @@ def _running(pid):
 
 
 def test_launcher_passes_tf_config_and_succeeds():
+    """Through the package's module, as the documentation starts it (the
+    other tests start `keras_ctl_launch`, the same launcher without the
+    package's import of TensorFlow)."""
     script = (
         "import json, os\n"
         "config = json.loads(os.environ['TF_CONFIG'])\n"
@@ -175,7 +178,7 @@ def test_launcher_passes_tf_config_and_succeeds():
 
 def test_launcher_rejects_zero_workers():
     result = children.run(
-        [children.PYTHON, "-m", "keras_ctl.launch", "--workers", 0, "--", "true"],
+        [*children.LAUNCHER, "--workers", 0, "--", "true"],
         timeout=60,
     )
     assert result.returncode == 2

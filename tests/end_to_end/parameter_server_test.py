@@ -19,9 +19,7 @@ def job(scenario, folder, workers, ps=1):
     """Runs one job; returns its result and output."""
     output = folder / f"{scenario}.json"
     command = [
-        children.PYTHON,
-        "-m",
-        "keras_ctl.launch",
+        *children.LAUNCHER,
         "--workers",
         workers,
         "--ps",

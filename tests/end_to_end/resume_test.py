@@ -18,7 +18,7 @@ def child_command(config, workers=None, restarts=0):
     """One training process, or a job of `workers` started by the launcher."""
     command = [children.PYTHON, "resume_child.py", json.dumps(config)]
     if workers:
-        launcher = [children.PYTHON, "-m", "keras_ctl.launch", "--workers", workers]
+        launcher = [*children.LAUNCHER, "--workers", workers]
         options = ["--grace", 5, "--restarts", restarts, "--"]
         command = launcher + options + command
     return command

@@ -15,21 +15,35 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PYTHON = sys.executable
 KERAS_CTL = os.path.join(os.path.dirname(sys.executable), "keras-ctl")
+# The launcher as the module beside the package, which starts without
+# TensorFlow and Keras, as `keras-ctl launch` does: `python -m
+# keras_ctl.launch` imports the package first (4 to 5 s of CPU a job, for
+# a process that only waits). `multi_worker_test.py` runs that route.
+LAUNCHER = [PYTHON, "-m", "keras_ctl_launch"]
 
 
 def launched(workers, command, *, timeout):
     """`command` as a job of `workers` processes on 127.0.0.1, started by
-    `python -m keras_ctl.launch`, which stops them all after `timeout` s."""
-    launcher = [PYTHON, "-m", "keras_ctl.launch", "--workers", workers]
-    return [*launcher, "--timeout", timeout, "--", *command]
+    the launcher (`LAUNCHER`), which stops them all after `timeout` s."""
+    return [*LAUNCHER, "--workers", workers, "--timeout", timeout, "--", *command]
+
+
+# Put first on a child's `PYTHONPATH`: its `sitecustomize` keeps Python's
+# full garbage collections off the heap TensorFlow and Keras make as they
+# import (`child_site/sitecustomize.py`).
+CHILD_SITE = os.path.join(HERE, "child_site")
 
 
 def quiet_env(env=None):
     """`env` (default: this process's) without TensorFlow's log lines, unless
-    `env` sets their level itself."""
+    `env` sets their level itself, and with `CHILD_SITE` first on its
+    `PYTHONPATH`."""
     if env is None:
-        return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return {"TF_CPP_MIN_LOG_LEVEL": "3", **env}
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if CHILD_SITE not in paths:
+        paths.insert(0, CHILD_SITE)
+    return {"TF_CPP_MIN_LOG_LEVEL": "3", **env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def start(command, *, env=None, cwd=HERE):
