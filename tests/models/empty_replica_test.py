@@ -37,15 +37,27 @@ def test_every_rank_and_step_with_an_empty_replica_equals_one_device(name):
     assert passed, f"{found}\n{configurations.describe(config)}"
 
 
-@pytest.mark.slow
-def test_three_replicas_with_empty_replicas_equal_one_device(tmp_path):
+def _on_3_replicas(tmp_path, every):
     out = tmp_path / "3.json"
     command = [children.PYTHON, "empty_replica_child.py", 3, out]
-    found = children.json_written(command, out, timeout=900)
+    found = children.json_written(
+        [*command, *(["--every"] if every else [])], out, timeout=900
+    )
     assert "error" not in found, found
     assert set(found) == {
         "classifier-float32",
         "classifier-float64",
-        *empty_replicas.generated(3),
+        *empty_replicas.generated(3, every),
     }
     assert all(passed for passed, _ in found.values()), found
+
+
+@pytest.mark.slow
+def test_three_replicas_with_empty_replicas_equal_one_device(tmp_path):
+    # Each rank with one step and each step with one rank.
+    _on_3_replicas(tmp_path, every=False)
+
+
+@pytest.mark.long
+def test_every_rank_and_step_on_three_replicas_equals_one_device(tmp_path):
+    _on_3_replicas(tmp_path, every=True)

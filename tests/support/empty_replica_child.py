@@ -1,9 +1,10 @@
 """Child process: the cases of `empty_replicas` under N replicas.
 
-Usage: python empty_replica_child.py N OUTPUT_JSON
+Usage: python empty_replica_child.py N OUTPUT_JSON [--every]
 
 Writes `{case: [passed, differences]}`: the classifier in float32 and
-float64, and each generated configuration.
+float64, and the generated configurations (each rank with one step, or
+`--every` rank and step).
 """
 
 import json
@@ -12,6 +13,7 @@ import sys
 import devices
 
 replicas, output_path = int(sys.argv[1]), sys.argv[2]
+every = "--every" in sys.argv[3:]
 devices.configure_logical_cpus(replicas)
 
 import configurations  # noqa: E402
@@ -30,7 +32,7 @@ for floatx, tolerance in empty_replicas.TOLERANCE.items():
     got = empty_replicas.classifier_run(keras_ctl.CTLModel, strategy, floatx)
     difference = empty_replicas.largest_difference(expected, got)
     found[f"classifier-{floatx}"] = [difference <= tolerance, difference]
-for name, config in empty_replicas.generated(replicas).items():
+for name, config in empty_replicas.generated(replicas, every).items():
     passed, differences = configurations.check(config, strategy)
     found[name] = [bool(passed), str(differences)]
 with open(output_path, "w") as f:
