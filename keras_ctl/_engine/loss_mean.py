@@ -314,28 +314,57 @@ def _value_on_rows(loss: Any, arguments: list[Any], start: int, stop: int) -> fl
 
 
 def refuse_unless_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
-    """Raises a `ValueError` naming the numbers and the choices when the
-    gradient of the model's `compute_loss` that the default step sums
-    across replicas on `batch` (its slices: `measuring.sliced`), each
-    replica's loss on its part weighed by the part's share, differs from
-    one device's gradient on the same examples by more than round-off
-    (`_tolerance`). Predictions with `training=False`; the model's
-    variables and metrics are as they were afterwards."""
+    """Runs the model's `compute_loss` in the reading that equals one
+    device, measured on `batch` (its slices: `measuring.sliced`), or raises
+    a `Refused` naming the numbers and the choices.
+
+    Read as one device's code, each replica's loss on its part is weighed
+    by the part's share of the batch; in shares, summed as it is. The
+    gradient the default step sums across replicas in the loss's reading
+    is compared with one device's on the same examples, past round-off
+    (`_tolerance`). At the model's first measurement (before a step
+    function reads it), a loss whose weighed gradient differs is measured
+    in shares, and read in shares from then on when that equals one
+    device's (a sum over examples: the masked language model's
+    `ops.sum` of one value a token). Later, a difference in the reading
+    the steps run is refused. Predictions with `training=False`; the
+    model's variables and metrics are as they were afterwards."""
+    readings = engine_state.of(model).loss_readings
     with measuring.restored(model, []):
         summed, whole = measuring.summed_across_replicas(model, batch)
         one_device = measuring.gradients_on_one_device(model, batch, whole.data)
         reordered = measuring.reordered(whole.data)
         again = measuring.gradients_on_one_device(model, batch, reordered)
-    off = _relative_difference(summed, one_device)
-    tolerance = _tolerance(model, _relative_difference(again, one_device))
-    if off <= tolerance:
-        return True
+        tolerance = _tolerance(model, _relative_difference(again, one_device))
+        off = _relative_difference(summed, one_device)
+        first = engine_state.COMPUTE_LOSS not in readings
+        if off <= tolerance:
+            readings.setdefault(engine_state.COMPUTE_LOSS, "mean")
+            return True
+        off_in_shares = None
+        if first:
+            readings[engine_state.COMPUTE_LOSS] = "share"
+            in_shares, _ = measuring.summed_across_replicas(model, batch)
+            off_in_shares = _relative_difference(in_shares, one_device)
+            if off_in_shares <= tolerance:
+                return True  # read in shares from now on
+            del readings[engine_state.COMPUTE_LOSS]
     measured = measuring.one_device(measure, model, whole.data)
     values = "" if measured is None else f"; {measured}"
+    known = readings.get(engine_state.COMPUTE_LOSS)
+    if known == "share":
+        kind = "no longer a sum over examples"
+        reading = "summed as it is (read in shares, as measured before)"
+    else:
+        kind = "not a mean over examples"
+        reading = "weighed by the part's share of the batch and summed"
+        if off_in_shares is not None:
+            kind = "neither a mean nor a sum over examples"
+            reading += f" (summed as it is: {off_in_shares:.3g} off)"
     raise Refused(
-        f"{type(model).__name__}.compute_loss is not a mean over examples: "
+        f"{type(model).__name__}.compute_loss is {kind}: "
         f"{_where(model, batch, whole)}, the gradient of each replica's loss "
-        "on its part, weighed by the part's share of the batch and summed, "
+        f"on its part, {reading}, "
         f"is {off:.3g} off (relative) one device's gradient on the same "
         f"examples, past round-off ({tolerance:.2g}){values}. Pass "
         '`compute_loss_over="global_batch"` to `compile()`: every replica '

@@ -35,6 +35,7 @@ from keras_ctl import _keras
 from keras_ctl import _replaced
 from keras_ctl._engine import forward
 from keras_ctl._engine import gather
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.positions import PositionedBatch
 from keras_ctl._engine.positions import without_positions
@@ -309,7 +310,10 @@ def summed_across_replicas(
 
         return on_replica, None
 
-    measured = on_replicas(batch, "summed_across_replicas", make, model.run_eagerly)
+    # Traced apart for each reading of a `compute_loss` of one's own.
+    reading = engine_state.of(model).loss_readings.get(engine_state.COMPUTE_LOSS)
+    name = f"summed_across_replicas_{reading}"
+    measured = on_replicas(batch, name, make, model.run_eagerly)
     gradients, data = measured.result
     whole = GlobalBatch(data, examples_in(data), measured.of_rows, measured.parts)
     return gradients, whole
