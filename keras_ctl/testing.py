@@ -252,11 +252,11 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     The parity kit adds them to its failure message; a model may differ
     for other reasons too. Given a `batch`, a `compute_loss` of the model's
     own is also measured: its loss on the whole batch against its loss on
-    each half, weighed by the halves' sizes. They agree for a loss that is
-    a mean over examples, which replicas compute exactly; they differ for a
-    sum over examples or a loss that couples the batch's examples (in-batch
-    negatives, a count of positives), and the entry says which, with the
-    numbers measured and the remedy.
+    each half, weighed by the halves' sizes, and their sum. A mean over
+    examples, and a sum over examples (read in shares), replicas compute
+    exactly; a loss that couples the batch's examples (in-batch negatives,
+    a count of positives) is entered with the numbers measured and the
+    remedy.
 
     Args:
         model: A built `keras.Model`.

@@ -18,7 +18,9 @@ the same examples (`refuse_unless_mean`, `refuse_unless_step_mean`;
 `measuring` runs both on each replica's slice), past the round-off
 measured (`_tolerance`). The loss on the examples and on their halves
 (`measure`, also the parity kit's) says which kind a refused
-`compute_loss` is.
+`compute_loss` is. A loss measured a sum over examples (the replicas'
+losses summed as they are equal one device's) is read in shares instead,
+at its first measurement (`refuse_unless_step_mean`, `refuse_unless_mean`).
 
 `compile(compute_loss_over=...)` decides: `None` (the default) measures
 batches of `fit()` and `evaluate()` under several replicas (a step of
