@@ -51,7 +51,6 @@ from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_function
 from keras_ctl._own_code import is_users_own
-from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
 from keras_ctl.distribute import topology
 
@@ -172,7 +171,7 @@ def check_for(
             check = refuse_unless_mean
         elif is_keras_ctls(model, "compute_loss") and _users_losses_compiled(model):
             check = read_compiled_losses
-    elif training and not marked_in_shares(model, step):
+    elif training:  # declared in shares or not: measured
         check = refuse_unless_step_mean
     return None if check is None else functools.partial(_in_parts, check, model)
 
@@ -393,10 +392,12 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     siamese network). Later, a difference in the reading it runs is
     refused, naming the step.
 
-    Nothing is applied (`_replaced.optimizers.applies_captured`), and the model's and
-    its optimizers' variables are as they were afterwards. Not refused: a
-    step that declares itself in shares as it runs, one that applies
-    nothing, and one whose gradients on one device differ between two runs
+    A step declared written in shares (`keras_ctl.written_in_shares`, as it
+    runs or as the function it returned) is measured in shares, not
+    trusted. Nothing is applied (`_replaced.optimizers.applies_captured`),
+    and the model's and its optimizers' variables are as they were
+    afterwards. Not refused: a step that applies nothing, or in both
+    readings, and one whose gradients on one device differ between two runs
     on the same batch and state (it draws numbers that are not one
     device's: TensorFlow's own random ops, Python's `random`), which is
     warned of instead, and not measured again (returns `False`)."""
@@ -430,7 +431,7 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
         if off <= tolerance:
             return True
         in_shares = None
-        if batch.number == 1 and step.reads_as_one_device:
+        if batch.number == 1 and on_replicas.as_one_device:
             restore()
             in_shares = _applied_in_shares(batch)
             if in_shares is not None:
@@ -440,13 +441,23 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     scale = _norm(on_replicas.gradients) / max(
         _norm(one_device), np.finfo("float64").tiny
     )
-    if step.reads_as_one_device:
+    summed = "summed as it is"
+    declared = not on_replicas.as_one_device and step.reads_as_one_device
+    declared |= not step.parts.reads_as_one_device
+    if on_replicas.as_one_device:
         reading = "read as one device's code"
         summed = "weighed by the part's share of the batch and summed"
+    elif declared:
+        reading = "declared written in shares (`keras_ctl.written_in_shares`)"
     else:
         reading = "run in shares, as the first batch measured it"
-        summed = "summed as it is"
     kind = "not a mean over examples"
+    if declared:
+        kind = (
+            "not a sum of the replicas' shares: a mean over the replica's "
+            "examples, for one, is one device's code, which the step is read "
+            "as without the declaration"
+        )
     if in_shares is not None:
         off_in_shares = _relative_difference(in_shares, one_device)
         summed += f" (in shares, summed as they are: {off_in_shares:.3g} off)"

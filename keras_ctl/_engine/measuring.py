@@ -166,6 +166,7 @@ class AppliedOnReplicas(NamedTuple):
 
     gradients: list[tf.Tensor]
     drew: bool
+    as_one_device: bool
 
 
 class GlobalBatch(NamedTuple):
@@ -215,10 +216,11 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     """The gradients the model's step applies on the slices of `batch` in
     its reading (`ReplicaStep.reads_as_one_device`), its replicas' summed
     as the step sums them (replica 0's view, one tensor a variable and
-    `apply`), or `None` when there is nothing to compare: it applies
-    nothing, applies in another reading (a step read as one device's code
-    declaring itself in shares as it runs, or calling keras_ctl's own
-    steps), assigns batch statistics from each
+    `apply`), and whether it applied them read as one device's code (a
+    step read so may declare itself in shares as it runs, or call
+    keras_ctl's own steps, written in shares); or `None` when there is
+    nothing to compare: it applies nothing, applies in both readings,
+    assigns batch statistics from each
     replica's own examples (each replica's normalization is not one
     device's; `batch_statistics` warns of them), or draws each replica's
     own random numbers (`random_draws="per_replica"`, or XLA's default)."""
@@ -242,14 +244,14 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     with _replaced.optimizers.applies_captured() as noted:
         measured = on_replicas(batch, f"applied_{as_one_device}", make)
     read_as_one_device, traces = measured.notes.values()
-    if not read_as_one_device or set(read_as_one_device) != {as_one_device}:
+    if len(set(read_as_one_device)) != 1:
         return None
     if any(trace.statistics for trace in traces):
         return None
     drew = any(trace.drew for trace in traces)
     if drew and not batch.step.draws_as_one_device:
         return None
-    return AppliedOnReplicas(measured.result, drew)
+    return AppliedOnReplicas(measured.result, drew, read_as_one_device[0])
 
 
 def applying_on_one_device(
