@@ -252,11 +252,11 @@ def known_to_differ(model: keras.Model, batch: Any = None) -> list[tuple[str, st
     The parity kit adds them to its failure message; a model may differ
     for other reasons too. Given a `batch`, a `compute_loss` of the model's
     own is also measured: its loss on the whole batch against its loss on
-    each half, weighed by the halves' sizes. They agree for a loss that is
-    a mean over examples, which replicas compute exactly; they differ for a
-    sum over examples or a loss that couples the batch's examples (in-batch
-    negatives, a count of positives), and the entry says which, with the
-    numbers measured and the remedy.
+    each half, weighed by the halves' sizes, and their sum. A mean over
+    examples, and a sum over examples (read in shares), replicas compute
+    exactly; a loss that couples the batch's examples (in-batch negatives,
+    a count of positives) is entered with the numbers measured and the
+    remedy.
 
     Args:
         model: A built `keras.Model`.
@@ -365,17 +365,19 @@ _OWN_LOSS = (
     "the replica's batch, weighed by the replica's share of the global "
     "batch: means over the batch, Keras `Loss` objects, "
     "`super().compute_loss` and `self.losses` are one device's. A sum over "
-    "examples (`ops.sum` of per-example losses) is not: use a Keras `Loss` "
-    'with `reduction="sum"`. A statistic coupling the batch\'s examples '
-    "(in-batch negatives, a count of positives) covers only the replica's. "
+    "examples (`ops.sum` of per-example losses) is read in shares where the "
+    "first batch measures one (each replica's sum summed as it is). A "
+    "statistic coupling the batch's examples (in-batch negatives, a count of "
+    "positives) covers only the replica's and is refused when measured. "
     'Compiled with `compute_loss_over="global_batch"`, it sees the '
     "global batch and both are one device's."
 )
 
 
 def _measured_loss(model: keras.Model, batch: Any) -> str | None:
-    """How the model's `compute_loss` on `batch` differs from a mean over
-    examples, with the remedy; `None` when it is one (to 1e-5)."""
+    """How the model's `compute_loss` on `batch` differs from a mean or a
+    sum over examples (each read as one device's), with the remedy; `None`
+    when it is one (to 1e-5)."""
     from keras_ctl._engine import loss_mean
     from keras_ctl._engine import measuring
 
@@ -386,7 +388,7 @@ def _measured_loss(model: keras.Model, batch: Any) -> str | None:
             f"compared). Received: a batch of {rows} example(s)."
         )
     measured = loss_mean.measure(model, batch)
-    if measured is None or measured.is_mean:
+    if measured is None or measured.is_mean or measured.is_sum:
         return None
     return (
         f"a `compute_loss` of your own: {measured}, which each replica "

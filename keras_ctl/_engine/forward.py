@@ -46,6 +46,7 @@ from keras_ctl._engine.autograph import not_converted
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import watching_replica_arithmetic
 from keras_ctl._replicas import Gradient
+from keras_ctl._replicas import Reading
 from keras_ctl._replicas import SummedTogether
 from keras_ctl._replicas import global_shares
 from keras_ctl._replicas import num_replicas
@@ -143,6 +144,10 @@ def own_compute_loss(
     replica's fraction of the global batch: the replicas' weighted losses
     sum to one device's, and so do their gradients. A tracker given one
     value inside it weighs it the same (`_replaced.metrics.weighed_by_batch`).
+    A loss its first measurement found a sum over examples
+    (`loss_mean.refuse_unless_mean`) is read in shares instead: each
+    replica's value is its share of the global batch's, summed as it is,
+    the loss logged and a tracker's one value too.
     The forward pass runs after the count's collective, unless the caller
     ran it: `compute_loss` reads the layer losses, which another replica's
     forward pass may overwrite after a collective (the replicas share the
@@ -171,14 +176,28 @@ def own_compute_loss(
         else contextlib.nullcontext()
     )
     owner = f"{type(model).__name__}.compute_loss"
-    with read_as_batch_losses(fraction, owner), rows, watching_replica_arithmetic():
+    readings = engine_state.of(model).loss_readings
+    in_shares = readings.get(engine_state.COMPUTE_LOSS) == "share"
+    with (
+        read_as_batch_losses(fraction, owner) as reading,
+        rows,
+        watching_replica_arithmetic(),
+    ):
+        if in_shares and not over_global_batch:
+            # Measured a sum over examples: each replica's value is its
+            # share of the global batch's, summed as it is.
+            cast(Reading, reading).in_shares = True
+            weight = tf.ones_like(fraction)
         loss = _keras.user_compute_loss(model, *seen, training)
     # A loss of several values is read as their mean, as Keras's `Mean`
     # tracker takes it.
     dtype = loss.dtype if loss.dtype.is_floating else dtype
     loss = tf.reduce_mean(tf.cast(loss, dtype))
-    local = tf.cast(shares.local_batch_size, dtype)
-    return Pass(y_pred, loss * tf.cast(weight, dtype), loss * local, shares)
+    # What the loss tracker adds: the replicas' sum over the global count is
+    # one device's loss.
+    examples = shares.global_batch_size if in_shares else shares.local_batch_size
+    weighed = loss * tf.cast(weight, dtype)
+    return Pass(y_pred, weighed, loss * tf.cast(examples, dtype), shares)
 
 
 def compiled_terms(

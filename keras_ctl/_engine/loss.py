@@ -193,7 +193,7 @@ def loss_terms(
     y_pred: Any,
     sample_weight: Any,
     batch_size: tf.Tensor,
-    readings: dict[int, str] | None = None,
+    readings: dict[int | str, str] | None = None,
 ) -> LossTerms:
     """The `LossTerms` of `compile_loss` (`_keras.compile_loss`) on this
     replica's labels `y`, outputs `y_pred` and `sample_weight` (any nests

@@ -18,7 +18,9 @@ the same examples (`refuse_unless_mean`, `refuse_unless_step_mean`;
 `measuring` runs both on each replica's slice), past the round-off
 measured (`_tolerance`). The loss on the examples and on their halves
 (`measure`, also the parity kit's) says which kind a refused
-`compute_loss` is.
+`compute_loss` is. A loss measured a sum over examples (the replicas'
+losses summed as they are equal one device's) is read in shares instead,
+at its first measurement (`refuse_unless_step_mean`, `refuse_unless_mean`).
 
 `compile(compute_loss_over=...)` decides: `None` (the default) measures
 batches of `fit()` and `evaluate()` under several replicas (a step of
@@ -49,22 +51,24 @@ from keras_ctl._engine.replica_step import MeasuredBatch
 from keras_ctl._own_code import is_keras_ctls
 from keras_ctl._own_code import is_users_function
 from keras_ctl._own_code import is_users_own
-from keras_ctl._own_code import marked_in_shares
 from keras_ctl._own_code import replica_arithmetic_noted
 from keras_ctl.distribute import topology
 
-# A loss of float32 round-off (the halves' mean recombined) passes.
-_RTOL, _ATOL = 1e-5, 1e-7
+# Where no round-off is measured (the parity kit's `measure`): a loss of
+# float32 round-off (the halves' mean recombined) passes.
+_RTOL = 1e-5
 
 
 class Measurement(NamedTuple):
     """A `compute_loss` on a batch of `rows` examples and on its halves
-    (the first `rows // 2` examples, then the rest)."""
+    (the first `rows // 2` examples, then the rest), equal where they
+    differ by at most `tolerance` relative to the largest of them."""
 
     rows: int
     whole: float
     first: float
     second: float
+    tolerance: float = _RTOL
 
     @property
     def mean_of_halves(self) -> float:
@@ -73,11 +77,15 @@ class Measurement(NamedTuple):
 
     @property
     def is_mean(self) -> bool:
-        return bool(np.isclose(self.whole, self.mean_of_halves, _RTOL, _ATOL))
+        return self._equal(self.whole, self.mean_of_halves)
 
     @property
     def is_sum(self) -> bool:
-        return bool(np.isclose(self.whole, self.first + self.second, _RTOL, _ATOL))
+        return self._equal(self.whole, self.first + self.second)
+
+    def _equal(self, a: float, b: float) -> bool:
+        scale = max(abs(self.whole), abs(self.first), abs(self.second))
+        return abs(a - b) <= self.tolerance * scale
 
     @property
     def kind(self) -> str:
@@ -170,7 +178,7 @@ def check_for(
             check = refuse_unless_mean
         elif is_keras_ctls(model, "compute_loss") and _users_losses_compiled(model):
             check = read_compiled_losses
-    elif training and not marked_in_shares(model, step):
+    elif training:  # declared in shares or not: measured
         check = refuse_unless_step_mean
     return None if check is None else functools.partial(_in_parts, check, model)
 
@@ -304,38 +312,79 @@ def _compiled_loss_measurements(
                 _value_on_rows(loss, [y_true, pred], start, stop)
                 for start, stop in ((0, rows), (0, half), (half, rows))
             )
-            found.append((loss, name, Measurement(rows, whole, first, second)))
+            # Round-off: the whole batch in reverse order.
+            again = _value_on_rows(loss, [y_true, pred], 0, rows, reverse=True)
+            scale = max(abs(whole), np.finfo("float64").tiny)
+            tolerance = _tolerance(model, abs(again - whole) / scale)
+            measured = Measurement(rows, whole, first, second, tolerance)
+            found.append((loss, name, measured))
     return found
 
 
-def _value_on_rows(loss: Any, arguments: list[Any], start: int, stop: int) -> float:
-    """`loss(y_true, y_pred)` of rows `start:stop`."""
-    return float(np.mean(loss(*tree.map_structure(lambda t: t[start:stop], arguments))))
+def _value_on_rows(
+    loss: Any, arguments: list[Any], start: int, stop: int, reverse: bool = False
+) -> float:
+    """`loss(y_true, y_pred)` of rows `start:stop` (in reverse order)."""
+
+    def rows(t: Any) -> Any:
+        t = t[start:stop]
+        return tf.reverse(t, [0]) if reverse else t
+
+    return float(np.mean(loss(*tree.map_structure(rows, arguments))))
 
 
 def refuse_unless_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
-    """Raises a `ValueError` naming the numbers and the choices when the
-    gradient of the model's `compute_loss` that the default step sums
-    across replicas on `batch` (its slices: `measuring.sliced`), each
-    replica's loss on its part weighed by the part's share, differs from
-    one device's gradient on the same examples by more than round-off
-    (`_tolerance`). Predictions with `training=False`; the model's
-    variables and metrics are as they were afterwards."""
+    """Runs the model's `compute_loss` in the reading that equals one
+    device, measured on `batch` (its slices: `measuring.sliced`), or raises
+    a `Refused` naming the numbers and the choices.
+
+    Read as one device's code, each replica's loss on its part is weighed
+    by the part's share of the batch; in shares, summed as it is. The
+    gradient the default step sums across replicas in the loss's reading
+    is compared with one device's on the same examples, past round-off
+    (`_tolerance`). At the model's first measurement (before a step
+    function reads it), a loss whose weighed gradient differs is measured
+    in shares, and read in shares from then on when that equals one
+    device's (a sum over examples: the masked language model's
+    `ops.sum` of one value a token). Later, a difference in the reading
+    the steps run is refused. Predictions with `training=False`; the
+    model's variables and metrics are as they were afterwards."""
+    readings = engine_state.of(model).loss_readings
     with measuring.restored(model, []):
         summed, whole = measuring.summed_across_replicas(model, batch)
         one_device = measuring.gradients_on_one_device(model, batch, whole.data)
         reordered = measuring.reordered(whole.data)
         again = measuring.gradients_on_one_device(model, batch, reordered)
-    off = _relative_difference(summed, one_device)
-    tolerance = _tolerance(model, _relative_difference(again, one_device))
-    if off <= tolerance:
-        return True
+        tolerance = _tolerance(model, _relative_difference(again, one_device))
+        off = _relative_difference(summed, one_device)
+        first = engine_state.COMPUTE_LOSS not in readings
+        if off <= tolerance:
+            readings.setdefault(engine_state.COMPUTE_LOSS, "mean")
+            return True
+        off_in_shares = None
+        if first:
+            readings[engine_state.COMPUTE_LOSS] = "share"
+            in_shares, _ = measuring.summed_across_replicas(model, batch)
+            off_in_shares = _relative_difference(in_shares, one_device)
+            if off_in_shares <= tolerance:
+                return True  # read in shares from now on
+            del readings[engine_state.COMPUTE_LOSS]
     measured = measuring.one_device(measure, model, whole.data)
     values = "" if measured is None else f"; {measured}"
+    known = readings.get(engine_state.COMPUTE_LOSS)
+    if known == "share":
+        kind = "no longer a sum over examples"
+        reading = "summed as it is (read in shares, as measured before)"
+    else:
+        kind = "not a mean over examples"
+        reading = "weighed by the part's share of the batch and summed"
+        if off_in_shares is not None:
+            kind = "neither a mean nor a sum over examples"
+            reading += f" (summed as it is: {off_in_shares:.3g} off)"
     raise Refused(
-        f"{type(model).__name__}.compute_loss is not a mean over examples: "
+        f"{type(model).__name__}.compute_loss is {kind}: "
         f"{_where(model, batch, whole)}, the gradient of each replica's loss "
-        "on its part, weighed by the part's share of the batch and summed, "
+        f"on its part, {reading}, "
         f"is {off:.3g} off (relative) one device's gradient on the same "
         f"examples, past round-off ({tolerance:.2g}){values}. Pass "
         '`compute_loss_over="global_batch"` to `compile()`: every replica '
@@ -362,10 +411,12 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     siamese network). Later, a difference in the reading it runs is
     refused, naming the step.
 
-    Nothing is applied (`_replaced.optimizers.applies_captured`), and the model's and
-    its optimizers' variables are as they were afterwards. Not refused: a
-    step that declares itself in shares as it runs, one that applies
-    nothing, and one whose gradients on one device differ between two runs
+    A step declared written in shares (`keras_ctl.written_in_shares`, as it
+    runs or as the function it returned) is measured in shares, not
+    trusted. Nothing is applied (`_replaced.optimizers.applies_captured`),
+    and the model's and its optimizers' variables are as they were
+    afterwards. Not refused: a step that applies nothing, or in both
+    readings, and one whose gradients on one device differ between two runs
     on the same batch and state (it draws numbers that are not one
     device's: TensorFlow's own random ops, Python's `random`), which is
     warned of instead, and not measured again (returns `False`)."""
@@ -399,7 +450,7 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
         if off <= tolerance:
             return True
         in_shares = None
-        if batch.number == 1 and step.reads_as_one_device:
+        if batch.number == 1 and on_replicas.as_one_device:
             restore()
             in_shares = _applied_in_shares(batch)
             if in_shares is not None:
@@ -409,13 +460,23 @@ def refuse_unless_step_mean(model: keras.Model, batch: MeasuredBatch) -> bool:
     scale = _norm(on_replicas.gradients) / max(
         _norm(one_device), np.finfo("float64").tiny
     )
-    if step.reads_as_one_device:
+    summed = "summed as it is"
+    declared = not on_replicas.as_one_device and step.reads_as_one_device
+    declared |= not step.parts.reads_as_one_device
+    if on_replicas.as_one_device:
         reading = "read as one device's code"
         summed = "weighed by the part's share of the batch and summed"
+    elif declared:
+        reading = "declared written in shares (`keras_ctl.written_in_shares`)"
     else:
         reading = "run in shares, as the first batch measured it"
-        summed = "summed as it is"
     kind = "not a mean over examples"
+    if declared:
+        kind = (
+            "not a sum of the replicas' shares: a mean over the replica's "
+            "examples, for one, is one device's code, which the step is read "
+            "as without the declaration"
+        )
     if in_shares is not None:
         off_in_shares = _relative_difference(in_shares, one_device)
         summed += f" (in shares, summed as they are: {off_in_shares:.3g} off)"

@@ -35,6 +35,7 @@ from keras_ctl import _keras
 from keras_ctl import _replaced
 from keras_ctl._engine import forward
 from keras_ctl._engine import gather
+from keras_ctl._engine import state as engine_state
 from keras_ctl._engine.padding import pad_empty_batch
 from keras_ctl._engine.positions import PositionedBatch
 from keras_ctl._engine.positions import without_positions
@@ -165,6 +166,7 @@ class AppliedOnReplicas(NamedTuple):
 
     gradients: list[tf.Tensor]
     drew: bool
+    as_one_device: bool
 
 
 class GlobalBatch(NamedTuple):
@@ -214,10 +216,11 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     """The gradients the model's step applies on the slices of `batch` in
     its reading (`ReplicaStep.reads_as_one_device`), its replicas' summed
     as the step sums them (replica 0's view, one tensor a variable and
-    `apply`), or `None` when there is nothing to compare: it applies
-    nothing, applies in another reading (a step read as one device's code
-    declaring itself in shares as it runs, or calling keras_ctl's own
-    steps), assigns batch statistics from each
+    `apply`), and whether it applied them read as one device's code (a
+    step read so may declare itself in shares as it runs, or call
+    keras_ctl's own steps, written in shares); or `None` when there is
+    nothing to compare: it applies nothing, applies in both readings,
+    assigns batch statistics from each
     replica's own examples (each replica's normalization is not one
     device's; `batch_statistics` warns of them), or draws each replica's
     own random numbers (`random_draws="per_replica"`, or XLA's default)."""
@@ -241,14 +244,14 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     with _replaced.optimizers.applies_captured() as noted:
         measured = on_replicas(batch, f"applied_{as_one_device}", make)
     read_as_one_device, traces = measured.notes.values()
-    if not read_as_one_device or set(read_as_one_device) != {as_one_device}:
+    if len(set(read_as_one_device)) != 1:
         return None
     if any(trace.statistics for trace in traces):
         return None
     drew = any(trace.drew for trace in traces)
     if drew and not batch.step.draws_as_one_device:
         return None
-    return AppliedOnReplicas(measured.result, drew)
+    return AppliedOnReplicas(measured.result, drew, read_as_one_device[0])
 
 
 def applying_on_one_device(
@@ -309,7 +312,10 @@ def summed_across_replicas(
 
         return on_replica, None
 
-    measured = on_replicas(batch, "summed_across_replicas", make, model.run_eagerly)
+    # Traced apart for each reading of a `compute_loss` of one's own.
+    reading = engine_state.of(model).loss_readings.get(engine_state.COMPUTE_LOSS)
+    name = f"summed_across_replicas_{reading}"
+    measured = on_replicas(batch, name, make, model.run_eagerly)
     gradients, data = measured.result
     whole = GlobalBatch(data, examples_in(data), measured.of_rows, measured.parts)
     return gradients, whole

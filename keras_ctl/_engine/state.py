@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from keras_ctl._engine.resume import ResumePlan
 
 
+# The key of a `compute_loss` of one's own in `EngineState.loss_readings`.
+COMPUTE_LOSS = "compute_loss"
+
+
 @dataclasses.dataclass
 class EngineState:
     """The engine's state for one model, in one place.
@@ -59,7 +63,9 @@ class EngineState:
             id) is read when it returns one value for the batch, as
             measured on the first batch measured
             (`loss_mean.read_compiled_losses`):
-            `"mean"` or `"share"`.
+            `"mean"` or `"share"`; under `COMPUTE_LOSS`, how a
+            `compute_loss` of one's own is read, as first measured
+            (`loss_mean.refuse_unless_mean`).
     """
 
     gradient_accumulation: str = "micro_batches"
@@ -75,7 +81,7 @@ class EngineState:
     test_pass: CompiledPass | None = None
     logged_metric_names: list[str] | None = None
     calls: int = 0
-    loss_readings: dict[int, str] = dataclasses.field(default_factory=dict)
+    loss_readings: dict[int | str, str] = dataclasses.field(default_factory=dict)
     predicted_batches: int = 0
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 from keras_ctl._keras.behaviours import registered
 from keras_ctl._keras.state import in_step
 from keras_ctl._replicas import batch_fraction
+from keras_ctl._replicas import current_reading
 from keras_ctl._replicas import never_empty
 from keras_ctl._replicas import num_replicas
 
@@ -28,8 +29,11 @@ def weighed_by_batch(original):
     Weighed by its fraction (`read_as_batch_losses`), each step weighs 1 and
     its value is one device's: a mean over the replica's examples becomes
     the global batch's mean, and a replica without examples adds nothing.
-    Values with one entry per example (`MeanMetricWrapper`s, any tensor of
-    several values) and explicit weights are Keras's.
+    In a `compute_loss` read in shares (measured a sum over examples), the
+    value is the replica's share of the step's: it adds its value over its
+    fraction, weighed by its fraction, so the replicas add one device's
+    value. Values with one entry per example (`MeanMetricWrapper`s, any
+    tensor of several values) and explicit weights are Keras's.
 
     Keras's `CompileLoss` weighs its per-output trackers by the batch's
     static size, unknown (`None`) in a traced step. The first step of a
@@ -42,7 +46,9 @@ def weighed_by_batch(original):
     def update_state(self, values, sample_weight=None):
         if _static_batch_size_of_compiled_loss(sample_weight):
             sample_weight = None
-        fraction = batch_fraction()
+        fraction, in_shares = batch_fraction(), False
+        if fraction is None:
+            fraction, in_shares = _share_of_one_value()
         if (
             fraction is not None
             and sample_weight is None
@@ -51,13 +57,27 @@ def weighed_by_batch(original):
             and _one_value(values)
         ):
             sample_weight = tf.cast(fraction, self.dtype)
-            # A replica without examples adds nothing, not its 0/0's NaN.
             values = tf.cast(values, self.dtype)
+            if in_shares:
+                # The replicas' values sum to the step's: each adds its
+                # value over its weight, the weights summing to 1.
+                values = tf.math.divide_no_nan(values, sample_weight)
+            # A replica without examples adds nothing, not its 0/0's NaN.
             if not never_empty(sample_weight):
                 values = tf.where(sample_weight > 0, values, tf.zeros_like(values))
         return original(self, values, sample_weight=sample_weight)
 
     return update_state
+
+
+def _share_of_one_value():
+    """`(fraction, True)` inside a `compute_loss` of one's own read in
+    shares, as measured (a sum over examples): a tracker's one value is
+    the replica's share of the step's. Else `(None, False)`."""
+    reading = current_reading()
+    if reading is None or not reading.in_shares or reading.kind != "compute_loss":
+        return None, False
+    return reading.fraction, True
 
 
 def _static_batch_size_of_compiled_loss(sample_weight):

@@ -866,10 +866,11 @@ def test_each_loss_is_computed_once_a_step(reduction, weighted):
     weights = np.linspace(0.5, 1.5, 24) if weighted else None
     model.fit(x, y, sample_weight=weights, batch_size=8, shuffle=False, verbose=0)
     # Keras's build before the first step, the readings of steps 1 and 2 (a
-    # loss of one's own, in 2 parts of 4 examples: on a part and its
-    # halves), then 3 steps on 2 replicas (a loss computed twice when its
-    # count needed a collective made 13 steps' calls).
-    assert CountedMSE.calls == 1 + 2 * 2 * 3 + 6
+    # loss of one's own, in 2 parts of 4 examples: on a part, on it in
+    # reverse order for the round-off, and on its halves), then 3 steps on
+    # 2 replicas (a loss computed twice when its count needed a collective
+    # made 13 steps' calls).
+    assert CountedMSE.calls == 1 + 2 * 2 * 4 + 6
 
 
 def test_fit_inside_another_strategy_scope_is_named():

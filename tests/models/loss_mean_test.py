@@ -1,11 +1,11 @@
-"""A `compute_loss` of one's own that is not a mean over examples, found
-before the first step under 2 replicas (`compile(compute_loss_over=None)`,
-the default).
+"""A `compute_loss` of one's own read as measured before the first step
+under 2 replicas (`compile(compute_loss_over=None)`, the default).
 
-The loss is measured on the first batch the step would train on, on the
-whole batch and on its halves. A sum over examples (keras.io's masked
-language model) and a mean over a count of entries written by hand (a
-coupling of the batch's examples) are refused with the numbers and both
+The loss is measured on the first batch the step would train on. A sum
+over examples (keras.io's masked language model) is read in shares and
+trains as `keras.Model` on one device, its logged loss and a tracker given
+its one value included. A mean over a count of entries written by hand (a
+coupling of the batch's examples) is refused with the numbers and both
 choices, and nothing trains. A mean (a penalty added to
 `super().compute_loss`) and Keras's own mean over the batch's sample
 weights (not a mean of its halves' values, but exact in the step) train as
@@ -36,9 +36,15 @@ def model_class(base, kind):
     )
 
     class OwnLoss(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.summed = keras.metrics.Mean(name="summed")
+
         def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
             if kind == "sum":  # keras.io's masked language model
-                return ops.sum(per_token(y, y_pred, sample_weight))
+                loss = ops.sum(per_token(y, y_pred, sample_weight))
+                self.summed.update_state(loss)  # one value: the batch's sum
+                return loss
             if kind == "masked_mean":  # over the batch's count of entries
                 losses = per_token(y, y_pred) * sample_weight
                 return ops.sum(losses) / ops.sum(sample_weight)
@@ -86,28 +92,22 @@ def fitted(model):
     return model.get_weights(), history.history["loss"]
 
 
-@pytest.mark.parametrize(
-    "kind, found",
-    [
-        ("sum", "a sum over examples"),
-        ("masked_mean", "a loss that couples the batch's examples"),
-    ],
-)
-def test_a_loss_that_is_not_a_mean_is_refused_before_training(kind, found):
+def test_a_loss_that_couples_the_batch_is_refused_before_training():
     with configurations.computing_in("float64"):
-        model = built(devices.get("mirrored"), kind)
+        model = built(devices.get("mirrored"), "masked_mean")
         before = model.get_weights()
         with pytest.raises(ValueError) as refused:
             fitted(model)
     message = str(refused.value)
     assert message.startswith(
-        "OwnLoss.compute_loss is not a mean over examples: on the first batch "
-        f"({BATCH // 2} of its {BATCH} examples, on 2 replicas), the gradient of "
-        "each replica's loss "
+        "OwnLoss.compute_loss is neither a mean nor a sum over examples: on the "
+        f"first batch ({BATCH // 2} of its {BATCH} examples, on 2 replicas), the "
+        "gradient of each replica's loss on its part, weighed by the part's "
+        "share of the batch and summed (summed as it is: "
     )
     off = refusals.relative_difference(message)
     assert off > 0.01
-    assert found in message
+    assert "a loss that couples the batch's examples" in message
     assert 'compute_loss_over="global_batch"' in message
     assert 'compute_loss_over="replica_batch"' in message
     # Measured on the first batch's slices (each replica's first 2 of its 4
@@ -116,7 +116,7 @@ def test_a_loss_that_is_not_a_mean_is_refused_before_training(kind, found):
         x, y, weights = (
             tf.gather(t, [0, 1, 4, 5]) for t in next(iter(shuffled_dataset()))
         )
-        one_device = built(devices.get("default"), kind, keras.Model)
+        one_device = built(devices.get("default"), "masked_mean", keras.Model)
         whole = float(one_device.compute_loss(x, y, one_device(x), weights))
     assert f"it is {whole:.6g} on the whole batch" in message
     assert model.optimizer.iterations.numpy() == 0
@@ -125,9 +125,34 @@ def test_a_loss_that_is_not_a_mean_is_refused_before_training(kind, found):
 
 
 def test_evaluate_measures_its_first_batch_too():
-    model = built(devices.get("mirrored"), "sum")
-    with pytest.raises(ValueError, match="is not a mean over examples"):
+    model = built(devices.get("mirrored"), "masked_mean")
+    with pytest.raises(ValueError, match="is neither a mean nor a sum over"):
         model.evaluate(shuffled_dataset(), verbose=0)
+
+
+def test_a_sum_over_examples_is_read_in_shares_as_one_device():
+    # keras.io's masked language model as written: each replica's sum,
+    # summed as it is, is one device's; the loss logged and a tracker given
+    # the sum are one device's too (in `fit()` and `evaluate()`).
+    with configurations.computing_in("float64"):
+        one_device = built(devices.get("default"), "sum", keras.Model)
+        replicas = built(devices.get("mirrored"), "sum")
+        for model in (one_device, replicas):
+            model.history_seen = model.fit(
+                shuffled_dataset(), epochs=2, shuffle=False, verbose=0
+            ).history
+            model.evaluated = model.evaluate(
+                shuffled_dataset(), verbose=0, return_dict=True
+            )
+    for e, g in zip(one_device.get_weights(), replicas.get_weights()):
+        np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-12)
+    assert set(replicas.history_seen) == {"loss", "summed"}
+    for key, values in one_device.history_seen.items():
+        np.testing.assert_allclose(replicas.history_seen[key], values, rtol=1e-9)
+    for key, value in one_device.evaluated.items():
+        np.testing.assert_allclose(replicas.evaluated[key], value, rtol=1e-9)
+    # Summed over 8 examples, not a mean: the measurement had to tell.
+    assert replicas.history_seen["loss"][0] > 5
 
 
 @pytest.mark.parametrize("kind", ["mean", "keras_masked_mean"])

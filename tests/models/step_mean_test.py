@@ -10,7 +10,9 @@ and the choices, and nothing trains. A mean (with Dropout, whose draws
 are one device's), a step that builds its compiled loss and metrics on
 first use (its first step runs eagerly; the measurement's updates of them
 are undone), the sum and the sum declared in shares train as
-`keras.Model` on one device in float64.
+`keras.Model` on one device in float64. A declaration in shares is
+measured too: a mean over the replica's examples declared in shares (as
+the method or as it runs) is refused by name.
 `compute_loss_over="replica_batch"` runs the sum as written; a step that
 draws with TensorFlow's own random ops cannot be measured and is warned
 of.
@@ -67,16 +69,22 @@ def model_class(base, kind):
         def metrics(self):
             return super().metrics if kind == "compiled" else [self.tracker]
 
-    if kind != "shares":
+    if not kind.startswith("shares"):
         return OwnStep
+    # Each replica's sum over its examples is its share of the batch's; a
+    # mean over them is not.
+    summed = "mean" if kind.startswith("shares_mean") else "sum"
 
-    class InShares(model_class(base, "sum")):
-        # Each replica's sum over its examples is its share of the batch's.
+    class InShares(model_class(base, summed)):
         @keras_ctl.written_in_shares
         def train_step(self, data):
             return super().train_step(data)
 
-    return InShares
+    class InSharesAsItRuns(model_class(base, summed)):
+        def train_step(self, data):
+            return keras_ctl.written_in_shares(super().train_step)(data)
+
+    return InSharesAsItRuns if kind.endswith("as_it_runs") else InShares
 
 
 def built(strategy, kind, base=keras_ctl.CTLModel, **options):
@@ -150,6 +158,31 @@ def test_a_step_that_is_one_devices_trains_as_one_device(kind):
     assert logs.keys() == expected_logs.keys()
     for key, values in expected_logs.items():
         np.testing.assert_allclose(logs[key], values, rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["shares_mean", "shares_mean_as_it_runs"])
+def test_a_declaration_in_shares_is_measured_not_trusted(kind):
+    # A mean over the replica's examples declared in shares: each replica's
+    # gradient counts as the batch's, R times one device's.
+    with configurations.computing_in("float64"):
+        model = built(devices.get("mirrored"), kind)
+        before = model.get_weights()
+        with pytest.raises(ValueError) as refused:
+            fitted(model)
+    message = str(refused.value)
+    name = "InShares" if kind == "shares_mean" else "InSharesAsItRuns"
+    assert message.startswith(
+        f"{name}.train_step is declared written in shares "
+        "(`keras_ctl.written_in_shares`), but the gradients it applies on the "
+        f"first batch ({BATCH // 2} of its {BATCH} examples, on 2 replicas), "
+        "each replica's on its part summed as it is, are "
+    )
+    assert "its loss is not a sum of the replicas' shares" in message
+    # Each replica's mean gradient, summed: about twice one device's.
+    assert 0.5 < refusals.relative_difference(message) < 1.5
+    assert model.optimizer.iterations.numpy() == 0
+    for kept, now in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(kept, now)
 
 
 def test_replica_batch_runs_a_sum_as_written():

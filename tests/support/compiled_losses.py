@@ -49,10 +49,13 @@ class OwnCall(keras.losses.Loss):
 
 
 class Coupled(keras.losses.Loss):
+    def __init__(self, size=1.0):
+        super().__init__()
+        self.size = size
+
     def call(self, y_true, y_pred):
-        return tf.reduce_mean(per_example(y_true, y_pred)) + tf.math.reduce_variance(
-            y_pred
-        )
+        variance = tf.math.reduce_variance(y_pred)
+        return tf.reduce_mean(per_example(y_true, y_pred)) + self.size * variance
 
 
 LOSSES = {
@@ -66,8 +69,9 @@ LOSSES = {
 READING = {"recipe": "share", "batch_sum": "share"}
 
 
-def run(kind, model_class, strategy, evaluate_first=False):
-    """Trains a small classifier with loss `kind` in float64; returns its
+def run(kind, model_class, strategy, evaluate_first=False, coupling=1.0):
+    """Trains a small classifier with loss `kind` in float64 (`"coupled"`:
+    the variance of the predictions times `coupling` added); returns its
     model and `{"weights", "history", "evaluate"}`."""
     with configurations.computing_in("float64"):
         rng = np.random.default_rng(5)
@@ -77,7 +81,7 @@ def run(kind, model_class, strategy, evaluate_first=False):
             inputs = keras.Input((5,))
             hidden = keras.layers.Dense(4, activation="tanh")(inputs)
             model = model_class(inputs, keras.layers.Dense(3)(hidden))
-            loss = Coupled() if kind == "coupled" else LOSSES[kind]()
+            loss = Coupled(coupling) if kind == "coupled" else LOSSES[kind]()
             model.compile(keras.optimizers.SGD(0.1), loss)
         evaluated = []
         if evaluate_first:

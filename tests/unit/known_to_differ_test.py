@@ -100,7 +100,7 @@ def test_a_compute_loss_of_ones_own_is_named_with_its_rule():
     found = known_to_differ(SumOfLosses(inputs, keras.layers.Dense(2)(inputs)))
     assert [where for where, _ in found] == ["SumOfLosses.compute_loss"]
     assert "read as on one device" in found[0][1]
-    assert 'reduction="sum"' in found[0][1]
+    assert "read in shares where the first batch measures one" in found[0][1]
     assert 'compute_loss_over="global_batch"' in found[0][1]
 
 
@@ -135,7 +135,7 @@ def _measured(model_class, compile_loss=None):
     return found, model, (x, y)
 
 
-def test_a_batch_measures_whether_compute_loss_couples_or_sums_the_batch():
+def test_a_batch_measures_whether_compute_loss_couples_the_batch():
     found, model, (x, y) = _measured(InBatchNegatives)
     advice = found["InBatchNegatives.compute_loss"]
     assert "couples the batch's examples" in advice
@@ -144,8 +144,11 @@ def test_a_batch_measures_whether_compute_loss_couples_or_sums_the_batch():
     whole = float(model.compute_loss(x, y, model(x), None, training=False))
     assert f"{whole:.6g} on the whole batch" in advice
 
+    # A sum over examples is read in shares, as one device's: the general
+    # rule, as a mean gets.
     found, _, _ = _measured(SumOfLosses)
-    assert "a sum over examples" in found["SumOfLosses.compute_loss"]
+    assert "couples" not in found["SumOfLosses.compute_loss"]
+    assert "read in shares where" in found["SumOfLosses.compute_loss"]
 
 
 class MeanWithPenalty(keras_ctl.CTLModel):

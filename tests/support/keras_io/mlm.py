@@ -4,8 +4,10 @@ and whose `compute_metrics` returns that tracker.
 
 Changed: sizes (5 tokens of a 9-word vocabulary, one embedding and a dense
 layer in place of the BERT encoder). Its `compute_loss` is a sum over the
-batch's tokens, not a batch's mean: parity mode compiles the `CTLModel`
-with `compute_loss_over="global_batch"`, where it sums the global batch's.
+batch's tokens, not a batch's mean: as written, keras_ctl measures it so
+and reads it in shares (each replica's sum summed as it is); parity mode
+compiles the `CTLModel` with `compute_loss_over="global_batch"`, where it
+sums the global batch's.
 """
 
 import keras
