@@ -7,7 +7,10 @@ stateful op, a branch). A shape follows what its tensor follows, but one
 dimension of it other than 0 (the examples', keras_ctl's convention for
 rows everywhere) is the same on every replica: a sequence's length. A
 collective's result (a sum or a gather across replicas) is the same on
-every replica too. Anything unknown counts as following the examples.
+every replica too. Anything unknown counts as following the examples, and
+so does a value read from the replica's own state as the step runs (a
+metric's `result()`, whose variables each replica updates from its own
+examples: `mark_follows`), which a variable read does not show.
 
 It is read from what runs, never from how the code is spelled: a traced
 step's graph, walked back from the value; in a step that runs eagerly,
@@ -54,6 +57,7 @@ def follows_the_examples(tensor: tf.Tensor) -> bool:
     if tf.executing_eagerly():
         notes = current_notes()
         return notes is None or notes.follows(tensor)
+    marked = getattr(_eager, "marked", None) or {}
     seen: set[str] = set()
     pending = [tensor]
     while pending:
@@ -61,6 +65,8 @@ def follows_the_examples(tensor: tf.Tensor) -> bool:
         op = tensor.op
         if tensor.name in seen or ops.is_collective(op.type):
             continue
+        if (id(tensor.graph), tensor.name) in marked:
+            return True
         seen.add(tensor.name)
         if op.type == "IdentityN":  # a custom gradient's: each output its input
             pending.append(op.inputs[tensor.value_index])
@@ -77,6 +83,48 @@ def follows_the_examples(tensor: tf.Tensor) -> bool:
             continue
         pending.extend(op.inputs)
     return False
+
+
+def marked_sources(tensor: tf.Tensor) -> list[str]:
+    """The names given to `mark_follows` of the values `tensor` is computed
+    from in this replica step, in no particular order."""
+    if tf.executing_eagerly():
+        notes = current_notes()
+        return [] if notes is None else notes.sources(tensor)
+    marked = getattr(_eager, "marked", None) or {}
+    found: set[str] = set()
+    seen: set[str] = set()
+    pending = [tensor]
+    while marked and pending:
+        tensor = pending.pop()
+        if tensor.name in seen or ops.is_collective(tensor.op.type):
+            continue
+        seen.add(tensor.name)
+        name = marked.get((id(tensor.graph), tensor.name))
+        if name is not None:
+            found.add(name)
+        pending.extend(tensor.op.inputs)
+    return sorted(found)
+
+
+def mark_follows(tensor: Any, name: str) -> None:
+    """Notes that `tensor` follows the replica's examples in this replica
+    step (`eager_ops_noted`), whatever computed it: a value of the
+    replica's own state, such as a metric's `result()` read inside the
+    step (each replica's metric variables hold its own examples' values,
+    read by a `ReadVariableOp` that is the same for every replica in the
+    graph). What is computed from it follows them too. `name` says what it
+    is, in messages (`marked_sources`)."""
+    if not tf.is_tensor(tensor):
+        return
+    if tf.executing_eagerly():
+        notes = current_notes()
+        if notes is not None:
+            notes.mark(tensor, name)
+        return
+    marked = getattr(_eager, "marked", None)
+    if marked is not None:
+        marked[(id(tensor.graph), tensor.name)] = name
 
 
 def current_notes() -> EagerNotes | None:
@@ -119,6 +167,8 @@ class EagerNotes:
         self._following = {id(t): t for t in examples if tf.is_tensor(t)}
         self._shapes: dict[int, tf.Tensor] = {}
         self._concatenated: dict[int, tuple[tf.Tensor, list[tf.Tensor]]] = {}
+        # {id: (tensor, names)}: what `mark` named, and what follows from it.
+        self._sources: dict[int, tuple[tf.Tensor, frozenset[str]]] = {}
 
     def note(
         self,
@@ -142,6 +192,19 @@ class EagerNotes:
             return
         if _reads_examples(op_type, stateful) or any(map(self.follows, inputs)):
             self._following.update((id(o), o) for o in outputs)
+        names = frozenset().union(*(self.sources(t) for t in inputs))
+        if names:
+            self._sources.update((id(o), (o, names)) for o in outputs)
+
+    def mark(self, tensor: tf.Tensor, name: str) -> None:
+        """Notes `tensor` as following the examples (`mark_follows`)."""
+        self._following[id(tensor)] = tensor
+        self._sources[id(tensor)] = (tensor, frozenset({name}))
+
+    def sources(self, tensor: tf.Tensor) -> list[str]:
+        """The names of what `mark` noted that `tensor` is computed from."""
+        entry = self._sources.get(id(tensor))
+        return [] if entry is None else sorted(entry[1])
 
     def follows(self, tensor: tf.Tensor) -> bool:
         """Whether `tensor` was computed from the examples."""
@@ -167,12 +230,18 @@ def noting(notes: EagerNotes) -> Iterator[None]:
 def eager_ops_noted(examples: Any) -> Iterator[None]:
     """Within it, an eager step on several replicas notes which of its
     tensors follow `examples` (its data), op by op as they run: a traced
-    step's graph says it, an eager step has none."""
-    if (
-        not tf.executing_eagerly()
-        or tf.distribute.get_strategy().num_replicas_in_sync == 1
-    ):
+    step's graph says it, an eager step has none. In either, the values
+    marked by `mark_follows` follow them too."""
+    if tf.distribute.get_strategy().num_replicas_in_sync == 1:
         yield
+        return
+    if not tf.executing_eagerly():
+        outer = getattr(_eager, "marked", None)
+        _eager.marked = {}
+        try:
+            yield
+        finally:
+            _eager.marked = outer
         return
     notes = EagerNotes(tree.flatten(examples))
     with ops.eager_ops_of_this_thread(notes.note), noting(notes):

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from keras_ctl._example_dependence import follows_the_examples
+from keras_ctl._example_dependence import marked_sources
 
 MODES = (None, "global", "per_replica")
 # What makes a statistic of the user's own global.
@@ -56,7 +57,7 @@ def check(
     found = per_replica(assigned, weights)
     if not found:
         return
-    names = ", ".join(f"`{path}`" for path in found)
+    names = ", ".join(found)
     if mode == "global":
         raise ValueError(
             'compile(batch_statistics="global") computes the moments of '
@@ -65,6 +66,7 @@ def check(
             f"(under {replicas} replicas), which keras_ctl cannot compute "
             f"over the global batch. {_OWN_STATISTIC}, or compile with "
             'batch_statistics="per_replica" to keep each replica\'s.'
+            f"{_results_read(found)}"
         )
     state.batch_statistics_warned = True
     warnings.warn(
@@ -76,20 +78,51 @@ def check(
         "layer and step), and a statistic of your own is refused by name: "
         f"{_OWN_STATISTIC.lower()}. Or compile with "
         'batch_statistics="per_replica" to keep each replica\'s and silence '
-        "this warning.",
+        f"this warning.{_results_read(found)}",
         stacklevel=2,
     )
+
+
+def _results_read(found: list[str]) -> str:
+    """What the messages add when a metric's result read inside the step
+    is among the sources of what `found` names."""
+    if not any(_FROM in name for name in found):
+        return ""
+    return (
+        " A metric's result read inside the step is the replica's own state "
+        "(its variables hold the replica's examples' values): one device "
+        "reads the global batch's. Read the metric's result in the logs the "
+        "step returns (keras_ctl reduces them across replicas), or sum its "
+        "state across replicas first (`keras_ctl.all_reduce_sum`)."
+    )
+
+
+_FROM = " (from the result of "
+
+
+def _read_from(value: Any) -> str:
+    """Which metrics' results read inside the step `value` is computed
+    from, as the messages say it, or `""`."""
+    sources = [s.removeprefix("the result of ") for s in marked_sources(value)]
+    return f"{_FROM}{', '.join(sources)}, read inside the step)" if sources else ""
+
+
+def from_metric_results(found: list[str]) -> list[str]:
+    """Those of `found` (`per_replica`) read from metrics' results."""
+    return [name for name in found if _FROM in name]
 
 
 def per_replica(
     assigned: Iterable[tuple[Any, Any]], weights: Iterable[Any]
 ) -> list[str]:
-    """The paths of the `weights` assigned a value that follows the
-    replica's examples, in the order first assigned."""
+    """The `weights` assigned a value that follows the replica's examples,
+    in the order first assigned: each its path, and where the value was
+    read from a metric inside the step, which metric
+    (`_example_dependence.marked_sources`)."""
     watched = {id(w): w for w in weights}
     found: dict[int, str] = {}
     for variable, value in assigned:
         if id(variable) in watched and id(variable) not in found:
             if follows_the_examples(value):
-                found[id(variable)] = variable.path
+                found[id(variable)] = f"`{variable.path}`" + _read_from(value)
     return list(found.values())

@@ -209,7 +209,11 @@ class ReplicaStep:
                 weights = self.parts.weights()
                 state = self.parts.state
                 if trace.statistics is not None:
-                    trace.statistics += batch_statistics.per_replica(assigned, weights)
+                    found = batch_statistics.per_replica(assigned, weights)
+                    # A value read from a metric's result (a running loss)
+                    # leaves the gradients as they are: they are measured.
+                    read = batch_statistics.from_metric_results(found)
+                    trace.statistics += [name for name in found if name not in read]
                     trace.drew = any(_keras.is_seed_state(v) for v, _ in assigned)
                 batch_statistics.check(assigned, weights, statistics, state, replicas)
                 if self.parts.warns_of_replica_draws:

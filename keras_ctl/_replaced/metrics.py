@@ -9,6 +9,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from keras_ctl._example_dependence import mark_follows
 from keras_ctl._keras.behaviours import registered
 from keras_ctl._keras.state import in_step
 from keras_ctl._replicas import batch_fraction
@@ -109,7 +110,11 @@ def results_noted(metrics):
 
     A step of one's own may log a metric's result under any key
     (`{"p_acc": self.probe.result()}`): so the logs recognize it by what it
-    is, and reduce it from the metric's state summed across replicas. The
+    is, and reduce it from the metric's state summed across replicas. Read
+    inside the step, a result is the replica's own state, so it follows
+    the replica's examples (`_example_dependence.mark_follows`): a weight
+    assigned from it (keras.io's Forward-Forward adds each layer's loss
+    tracker's result to a variable) is a batch statistic. The
     wrapper is an attribute of each metric instance, there while any
     replica step uses it (replica threads share the metrics; each metric
     counts its users, so steps of other models in other threads neither
@@ -152,11 +157,18 @@ def _noting_result(metric):
         if isinstance(value, dict):
             for key, item in value.items():
                 results[id(item)] = (item, metric, key)
+                mark_follows(item, _described(metric))
         else:
             results[id(value)] = (value, metric, None)
+            mark_follows(value, _described(metric))
         return value
 
     return result
+
+
+def _described(metric: Any) -> str:
+    """A metric as messages name it: its class and name."""
+    return f"the result of {type(metric).__name__} `{metric.name}`"
 
 
 def metric_results_among(outputs: Any, noted: Any = None) -> dict[str, Any]:

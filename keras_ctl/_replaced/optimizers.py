@@ -13,6 +13,7 @@ import tensorflow as tf
 from keras_ctl._keras.behaviours import registered
 from keras_ctl._keras.optimizers import gradients_already_summed
 from keras_ctl._keras.state import in_step
+from keras_ctl._replaced.seed_generators import NeedsEagerStep
 from keras_ctl._replicas import current_reading
 from keras_ctl._replicas import num_replicas
 from keras_ctl._replicas import sum_across_replicas
@@ -30,7 +31,11 @@ def summing_apply(original):
     made it), so clipping, the loss scale's check and the EMA see one
     device's gradient, as in the default step. Within `applies_captured`,
     any `apply` notes the gradients (so summed) instead of applying them.
-    Checked on Keras 3.12.0 and 3.15.1.
+    An optimizer the engine has not built (a layer's own, which keras.io's
+    Forward-Forward applies inside the step) builds its variables in an
+    eager step (`NeedsEagerStep`): built as a replica step is traced, its
+    first variables would be made and the rest refused, leaving it marked
+    built without them. Checked on Keras 3.12.0 and 3.15.1.
     """
 
     def apply(self, grads, trainable_variables=None):
@@ -44,6 +49,11 @@ def summing_apply(original):
             grads, _ = sum_across_replicas(list(grads))
         if _captured(grads):
             return None
+        if sums and not self.built and tf.inside_function():
+            raise NeedsEagerStep(
+                "An optimizer a traced step applies builds its variables in "
+                "an eager step."
+            )
         if not sums:
             return original(self, grads, trainable_variables)
         with gradients_already_summed(self):

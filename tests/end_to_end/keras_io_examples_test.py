@@ -12,7 +12,9 @@ longest (`keras_io.LONGEST`);
 `.ci/keras_io.py` runs every example on 1, 2 and 3 replicas in float64 and
 float32, and as written. An example that cannot run as written under
 replicas (`keras_io.REFUSED_AS_WRITTEN`) stops with a message that names why
-(here but for the longest).
+(here but for the longest). An example whose trained layers equal one
+device but which keeps a value of each replica's examples in its
+variables (`keras_io.WARNED`) is warned of by name.
 """
 
 import json
@@ -51,3 +53,10 @@ def test_the_other_examples_equal_one_device_on_3_replicas(tmp_path):
 def test_an_example_that_cannot_run_as_written_is_refused_by_name(name):
     keras.utils.set_random_seed(1)
     assert keras_io.refusal_as_written(name, devices.get("mirrored")) == []
+
+
+@pytest.mark.parametrize("name", sorted(keras_io.WARNED))
+def test_an_example_keeping_a_replicas_value_is_warned_of_by_name(name):
+    largest, said = keras_io.warned_on_2_replicas(name)
+    assert largest <= keras_io.tolerance(name, "float64")
+    assert any(keras_io.WARNED[name] in message for message in said), said

@@ -44,9 +44,13 @@ EXACT = (
     "vq_vae",
     "wgan_gp",
     "siamese_network",
+    # The second siamese form: a contrastive loss of its own, a mean.
+    "siamese_contrastive",
     "metric_learning",
     "nl_image_search",
     "ddpm",
+    # A per-pixel loss that `tape.gradient` sums: run in shares as measured.
+    "ddim",
     "molecule_generation",
     "wgan_graphs",
     "custom_train_step_guide",
@@ -60,11 +64,17 @@ EXACT = (
     "transformer_asr",
     "image_captioning",
 )
-# Ported and left out: keras.io's forward-forward (a metric's result read
-# inside the step and added to a variable: each replica's own state) and
-# DDIM (a per-pixel loss that `tape.gradient` sums: a sum over examples,
-# which no weighing of the replicas makes one device's; BatchNorm of each
-# replica's examples). Semantic image clustering is ported, and in parity
+# Examples whose trained layers equal one device in parity mode, warned of
+# by name for a value they keep of each replica's examples (words of the
+# warning): Forward-Forward's layers train themselves with optimizers of
+# their own, summed as the model's, and its step adds each layer's
+# tracker's result, the replica's own, to `loss_var` (an unnamed
+# `keras.Variable`, named by Keras in the order made).
+WARNED = {
+    "forward_forward": "(from the result of Mean `mean`, read inside the step) "
+    "from each replica's own examples",
+}
+# Semantic image clustering is ported, and in parity
 # mode equals one device on 2 replicas and in float64 on 3; in float32 on
 # 3 replicas its last batch (1, 0 and 0 examples) stops on a shape mismatch
 # between the collectives of its two synchronized BatchNorm layers (12
@@ -101,6 +111,8 @@ AS_WRITTEN = (
     "transformer_asr",
     "siamese_network",
     "mlm",
+    "siamese_contrastive",
+    "forward_forward",
 )
 # NNCLR does not run as written: on a replica without examples its queue
 # update, `feature_queue[:-batch_size]` with a batch size of 0, is empty;
@@ -196,6 +208,27 @@ def refusal_as_written(name, strategy):
     return ["ran, not refused"]
 
 
+def warned_on_2_replicas(name):
+    """`(largest difference of the trained layers' weights, warnings)` of
+    example `name` in float64, `keras.Model` on one device against
+    CTLModel on 2 replicas, and the warnings the latter gave."""
+    import warnings
+
+    import configurations
+    import devices
+
+    import keras_ctl
+
+    with configurations.computing_in("float64"):
+        expected = train(name, keras.Model, devices.get("default"))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = train(name, keras_ctl.CTLModel, devices.get("mirrored"))
+    pairs = zip(got["layer_weights"], expected["layer_weights"], strict=True)
+    largest = max(float(np.max(np.abs(g - e))) for g, e in pairs)
+    return largest, [str(w.message) for w in caught]
+
+
 def tolerance(name, dtype):
     """The largest difference allowed for example `name` in `dtype`."""
     return TOLERANCE_OF.get(name, {}).get(dtype, TOLERANCE[dtype])
@@ -209,6 +242,7 @@ def tolerance(name, dtype):
 LONGEST = (
     "cyclegan",
     "ddpm",
+    "ddim",
     "melgan",
     "deit",
     "gan_ada",
