@@ -28,6 +28,7 @@ from typing import NamedTuple
 from typing import TypeVar
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import tree
 
@@ -180,7 +181,10 @@ class GlobalBatch(NamedTuple):
 
 
 def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
-    """The examples measured of `batch`, as one device has them."""
+    """The examples measured of `batch`, as one device has them (those
+    gathered already, where `batch.gathered` holds them)."""
+    if batch.gathered is not None:
+        return batch.gathered  # type: ignore[no-any-return]
 
     def make() -> tuple[Callable[[Any, bool], Any], None]:
         def on_replica(data: Any, eagerly: bool) -> Any:
@@ -275,9 +279,12 @@ def applying_on_one_device(
                 return applied(data)
             key = ("applying_on_one_device", repr(any_rows(data)))
             if key not in batch.traced:
-                # A `partial`, traced once a model (`on_replicas`).
+                # A `partial`, traced once a model (`on_replicas`); as the
+                # step is traced, without AutoGraph.
                 batch.traced[key] = tf.function(
-                    functools.partial(applied), input_signature=[any_rows(data)]
+                    functools.partial(applied),
+                    input_signature=[any_rows(data)],
+                    autograph=False,
                 )
             return traced_call(batch.traced[key], data)  # type: ignore[no-any-return]
 
@@ -403,8 +410,11 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
         return variable
 
     def restore() -> None:
+        # Most of what a measurement runs changes a few variables (its
+        # metrics'): reading a distributed variable costs a fraction of
+        # assigning each of its copies, so only those that changed are set.
         for variable, value in [*state.values(), *created]:
-            if value is not None:
+            if value is not None and not _holds(variable, value):
                 variable.assign(value)
 
     keep(variables)
@@ -415,6 +425,17 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
     finally:
         _keeping.remove(keep)
         restore()
+
+
+def _holds(variable: Any, value: Any) -> bool:
+    """Whether `variable` reads as `value`, bit for bit (a NaN too)."""
+    now = np.asarray(variable.numpy())
+    value = np.asarray(value)
+    return (
+        now.dtype == value.dtype
+        and now.shape == value.shape
+        and now.tobytes() == value.tobytes()
+    )
 
 
 # The `keep(variables)` of the `restored` blocks entered.
