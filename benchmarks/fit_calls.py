@@ -222,10 +222,17 @@ def main():
                     got["step"].append(added / (args.long - args.steps))
                 del model
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
+        # Each round's report, so a run cut short keeps its rounds.
+        report(args, models, candidates, times, r + 1)
+    return 0
+
+
+def report(args, models, candidates, times, rounds):
+    kinds = (*CALLS, "step")
     shares = schedule_share(args.run, args.steps)
     summary = {}
     print(
-        f"{args.replicas} replica(s), {args.rounds} rounds, fit() calls of "
+        f"{args.replicas} replica(s), {rounds} rounds, fit() calls of "
         f"{args.steps} steps (steady step: from a call of {args.long}), "
         f"batch {args.batch}; median seconds (median of the per-round ratios "
         "to keras)"
@@ -263,12 +270,12 @@ def main():
         with open(args.out, "w") as f:
             result = {
                 "args": vars(args),
+                "rounds": rounds,
                 "times": times,
                 "summary": summary,
                 "measured_steps": shares,
             }
             json.dump(result, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":

@@ -107,6 +107,7 @@ def on_replicas(
                 raise
             del batch.traced[key]
     on_replica, notes = make()
+    ran_eagerly()
     result, of_rows, parts = on_every_replica(on_replica, batch.element, part, True)
     return Measured(result, notes, int(of_rows), int(parts))
 
@@ -276,6 +277,7 @@ def applying_on_one_device(
         with _replaced.optimizers.applies_captured() as noted:
             capture["noted"] = noted
             if model.run_eagerly:
+                ran_eagerly()
                 return applied(data)
             key = ("applying_on_one_device", repr(any_rows(data)))
             if key not in batch.traced:
@@ -346,6 +348,7 @@ def gradients_on_one_device(
 
     def run() -> list[tf.Tensor]:
         if model.run_eagerly:
+            ran_eagerly()
             return gradients(*parts)
         key = ("gradients_on_one_device", repr(any_rows(parts)))
         if key not in batch.traced:
@@ -389,17 +392,34 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
     the measurement traces reads (`traced_call`: a `tf.Variable` a step
     keeps of its own) or an earlier measurement created, back to their
     values on entry, and those created since to their first values;
-    called on exit too."""
+    called on exit too.
+
+    A traced function changes no variable its trace does not read, so
+    after traced runs only (`traced_call`) `restore()` looks at the
+    variables they read; after a run in Python (`ran_eagerly`), at
+    every variable. Of those, it sets the ones that changed (most of a
+    measurement's runs change a few: their metrics'): reading a
+    distributed variable costs a fraction of assigning each of its
+    copies."""
     variables = model.variables + model.metrics_variables
     variables += [v for optimizer in optimizers for v in optimizer.variables]
     variables += list(_made_in_measurements.values())
     state: dict[int, tuple[Any, Any]] = {}
     created: list[tuple[Any, tf.Tensor]] = []
+    # The variables that may have changed since the last `restore()`:
+    # `None` for all of them.
+    touched: set[int] | None = set()
 
-    def keep(variables: list[Any]) -> None:
+    def keep(variables: list[Any] | None, read: bool = True) -> None:
+        nonlocal touched
+        if variables is None:  # a run in Python
+            touched = None
+            return
         for variable in variables:
             if id(variable) not in state:
                 state[id(variable)] = variable, variable.numpy()
+            if read and touched is not None:
+                touched.add(id(variable))
 
     def noting(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
         variable = next_creator(**kwargs)
@@ -410,14 +430,18 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
         return variable
 
     def restore() -> None:
-        # Most of what a measurement runs changes a few variables (its
-        # metrics'): reading a distributed variable costs a fraction of
-        # assigning each of its copies, so only those that changed are set.
-        for variable, value in [*state.values(), *created]:
+        nonlocal touched
+        looked_at = (
+            list(state.values())
+            if touched is None
+            else [state[i] for i in touched if i in state]
+        )
+        for variable, value in [*looked_at, *created]:
             if value is not None and not _holds(variable, value):
                 variable.assign(value)
+        touched = set()
 
-    keep(variables)
+    keep(variables, read=False)
     _keeping.append(keep)
     try:
         with tf.variable_creator_scope(noting):
@@ -425,6 +449,13 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
     finally:
         _keeping.remove(keep)
         restore()
+
+
+def ran_eagerly() -> None:
+    """Notes, for the `restored` blocks entered, a run in Python (not
+    `traced_call`), which may change any variable."""
+    for keep in _keeping:
+        keep(None)
 
 
 def _holds(variable: Any, value: Any) -> bool:
@@ -439,7 +470,7 @@ def _holds(variable: Any, value: Any) -> bool:
 
 
 # The `keep(variables)` of the `restored` blocks entered.
-_keeping: list[Callable[[list[Any]], None]] = []
+_keeping: list[Callable[[list[Any] | None], None]] = []
 # Variables a step made while measured (its first call's), which a later
 # measurement, or part of one, sets back too.
 _made_in_measurements: weakref.WeakValueDictionary[int, Any] = (
