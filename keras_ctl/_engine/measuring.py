@@ -462,7 +462,7 @@ def _holds(variable: Any, value: Any) -> bool:
     """Whether `variable` reads as `value`, bit for bit (a NaN too)."""
     now = np.asarray(variable.numpy())
     value = np.asarray(value)
-    return (
+    return bool(
         now.dtype == value.dtype
         and now.shape == value.shape
         and now.tobytes() == value.tobytes()
