@@ -483,11 +483,16 @@ def traced_call(function: Any, *args: Any) -> Any:
     kept first by the `restored` blocks entered. Not the seed states of
     draws outside the model (an unseeded `keras.random` draw's): a step
     drawing them draws other numbers on a second run, as it would on a
-    second step, which tells the measurement it draws its own."""
+    second step, which tells the measurement it draws its own. A trace
+    that draws is noted as a run in Python (`ran_eagerly`): the model's
+    seed states, kept as its variables, are set back by their Keras
+    variables, not the `tf.Variable`s the trace reads."""
     concrete = function.get_concrete_function(*args)
     read = [v for v in concrete.graph.variables if not _keras.is_seed_state(v)]
     for keep in _keeping:
         keep(read)
+    if len(read) < len(concrete.graph.variables):
+        ran_eagerly()
     return function(*args)
 
 
