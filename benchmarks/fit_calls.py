@@ -23,8 +23,8 @@ run):
 
 Each round builds a new model of each candidate, interleaved, and times
 four `fit()` calls of one epoch on it: the first, second and third of
-`--steps` steps, then one of `--long` steps. The steady step is the
-fourth call's time less the third's, over the steps it adds. Reported:
+`--steps` steps, then one of `--long` steps, whose median step (timed by
+Keras's batch callbacks) is the steady step. Reported:
 each call's median wall time and the median of the per-round ratios
 against `keras`; and, from the schedule itself
 (`keras_ctl/_engine/measurement_schedule.py`), the share of steps
@@ -147,17 +147,41 @@ def data(name, rows):
 
 
 def fit_calls(model, x, y, batch, steps):
-    """`[(wall, cpu)]` seconds of four `fit()` calls: three of `steps`
-    steps, one of all of `x`. CPU seconds are the process's (every
-    thread's): on a shared machine they vary less than wall seconds."""
-    times = []
-    for rows in (steps * batch,) * 3 + (len(x),):
+    """`([(wall, cpu)], (wall, cpu))`: the seconds of four `fit()` calls,
+    three of `steps` steps and one of all of `x`, and the median seconds
+    of a step of the fourth (from Keras's batch callbacks: the steps a
+    measurement precedes are a few of many). CPU seconds are the
+    process's (every thread's): on a shared machine they vary less than
+    wall seconds."""
+    import keras
+
+    class StepTimes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = (time.perf_counter(), time.process_time())
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = (time.perf_counter(), time.process_time())
+            self.times.append([b - a for a, b in zip(self.start, now)])
+
+    times, step_times = [], StepTimes()
+    for call, rows in enumerate((steps * batch,) * 3 + (len(x),)):
         wall, cpu = time.perf_counter(), time.process_time()
         model.fit(
-            x[:rows], y[:rows], batch_size=batch, epochs=1, shuffle=False, verbose=0
+            x[:rows],
+            y[:rows],
+            batch_size=batch,
+            epochs=1,
+            shuffle=False,
+            verbose=0,
+            callbacks=[step_times] if call == 3 else None,
         )
         times.append((time.perf_counter() - wall, time.process_time() - cpu))
-    return times
+    step = tuple(statistics.median(t[i] for t in step_times.times) for i in (0, 1))
+    return times, step
 
 
 def schedule_share(run, steps):
@@ -213,13 +237,12 @@ def main():
             x, y = inputs[name]
             for candidate in candidates:
                 model = build(candidate, name, args.blocks, strategy)
-                calls = fit_calls(model, x, y, args.batch, args.steps)
+                calls, step = fit_calls(model, x, y, args.batch, args.steps)
                 for i, clock in enumerate(("wall", "cpu")):
                     got = times[clock][name][candidate]
                     for call, seconds in zip(CALLS, calls):
                         got[call].append(seconds[i])
-                    added = calls[3][i] - calls[2][i]
-                    got["step"].append(added / (args.long - args.steps))
+                    got["step"].append(step[i])
                 del model
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
         # Each round's report, so a run cut short keeps its rounds.
@@ -233,7 +256,7 @@ def report(args, models, candidates, times, rounds):
     summary = {}
     print(
         f"{args.replicas} replica(s), {rounds} rounds, fit() calls of "
-        f"{args.steps} steps (steady step: from a call of {args.long}), "
+        f"{args.steps} steps (steady step: the median of a call of {args.long}), "
         f"batch {args.batch}; median seconds (median of the per-round ratios "
         "to keras)"
     )
