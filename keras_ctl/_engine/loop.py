@@ -29,7 +29,10 @@ from keras_ctl._keras.iterators import next_batch
 
 
 def counted(
-    step: ReplicaStep, steps: int, stands_for_trace: bool = False
+    step: ReplicaStep,
+    steps: int,
+    stands_for_trace: bool = False,
+    one: Callable[[Any, Any], Any] | None = None,
 ) -> Callable[[Any, tf.Tensor], Any]:
     """`loop(iterator, count)`: exactly `count` (<= `steps`) steps, their
     batches read without asking whether there is one.
@@ -38,6 +41,11 @@ def counted(
         repeat count - 1 times:             # unrolled if the step gathers
             outputs = step(next batch)
         return logs(outputs)
+
+    `one(iterator, batch)`, where given, is the step and its logs on one
+    batch of the iterator, traced apart (the step function's, which a
+    measured batch runs too): with one step a call, the loop calls it, so
+    the step is traced once for both.
     """
 
     @not_converted
@@ -47,6 +55,8 @@ def counted(
         def batch() -> Any:
             return next_batch(iterator)
 
+        if steps == 1 and one is not None:
+            return one(iterator, batch())
         if steps == 1:
             return step.logs(step.run(batch(), trace), trace)
         traced = _ops_so_far()
@@ -67,7 +77,10 @@ def counted(
 
 
 def checked(
-    step: ReplicaStep, steps: int, stands_for_trace: bool = False
+    step: ReplicaStep,
+    steps: int,
+    stands_for_trace: bool = False,
+    one: Callable[[Any, Any], Any] | None = None,
 ) -> Callable[[Any], Any]:
     """`loop(iterator)`: up to `steps` steps while the data lasts, every
     batch read with the workers' agreement on whether any replica has one.
@@ -78,11 +91,15 @@ def checked(
             outputs = step(next)
             next = next batch, if any and another step is to run
         return logs(outputs)
+
+    `one`: as for `counted`.
     """
 
     @not_converted
     def loop(iterator: Any) -> Any:
         trace = Trace(stands_for_trace)
+        if steps == 1 and one is not None:
+            return one(iterator, iterator.get_next())
         if steps == 1:
             return step.logs(step.run(iterator.get_next(), trace), trace)
         traced = _ops_so_far()

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from typing import TypeVar
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import tree
 
@@ -107,6 +108,7 @@ def on_replicas(
                 raise
             del batch.traced[key]
     on_replica, notes = make()
+    ran_eagerly()
     result, of_rows, parts = on_every_replica(on_replica, batch.element, part, True)
     return Measured(result, notes, int(of_rows), int(parts))
 
@@ -182,7 +184,10 @@ class GlobalBatch(NamedTuple):
 
 
 def global_batch(batch: MeasuredBatch, eagerly: bool) -> GlobalBatch:
-    """The examples measured of `batch`, as one device has them."""
+    """The examples measured of `batch`, as one device has them (those
+    gathered already, where `batch.gathered` holds them)."""
+    if batch.gathered is not None:
+        return batch.gathered  # type: ignore[no-any-return]
 
     def make() -> tuple[Callable[[Any, bool], Any], None]:
         def on_replica(data: Any, eagerly: bool) -> Any:
@@ -275,12 +280,16 @@ def applying_on_one_device(
         with _replaced.optimizers.applies_captured() as noted:
             capture["noted"] = noted
             if model.run_eagerly:
+                ran_eagerly()
                 return applied(data)
             key = ("applying_on_one_device", repr(any_rows(data)))
             if key not in batch.traced:
-                # A `partial`, traced once a model (`on_replicas`).
+                # A `partial`, traced once a model (`on_replicas`); as the
+                # step is traced, without AutoGraph.
                 batch.traced[key] = tf.function(
-                    functools.partial(applied), input_signature=[any_rows(data)]
+                    functools.partial(applied),
+                    input_signature=[any_rows(data)],
+                    autograph=False,
                 )
             return traced_call(batch.traced[key], data)  # type: ignore[no-any-return]
 
@@ -345,6 +354,7 @@ def gradients_on_one_device(
 
     def run() -> list[tf.Tensor]:
         if model.run_eagerly:
+            ran_eagerly()
             return gradients(*parts)
         key = ("gradients_on_one_device", repr(any_rows(parts)))
         if key not in batch.traced:
@@ -388,17 +398,34 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
     the measurement traces reads (`traced_call`: a `tf.Variable` a step
     keeps of its own) or an earlier measurement created, back to their
     values on entry, and those created since to their first values;
-    called on exit too."""
+    called on exit too.
+
+    A traced function changes no variable its trace does not read, so
+    after traced runs only (`traced_call`) `restore()` looks at the
+    variables they read; after a run in Python (`ran_eagerly`), at
+    every variable. Of those, it sets the ones that changed (most of a
+    measurement's runs change a few: their metrics'): reading a
+    distributed variable costs a fraction of assigning each of its
+    copies."""
     variables = model.variables + model.metrics_variables
     variables += [v for optimizer in optimizers for v in optimizer.variables]
     variables += list(_made_in_measurements.values())
     state: dict[int, tuple[Any, Any]] = {}
     created: list[tuple[Any, tf.Tensor]] = []
+    # The variables that may have changed since the last `restore()`:
+    # `None` for all of them.
+    touched: set[int] | None = set()
 
-    def keep(variables: list[Any]) -> None:
+    def keep(variables: list[Any] | None, read: bool = True) -> None:
+        nonlocal touched
+        if variables is None:  # a run in Python
+            touched = None
+            return
         for variable in variables:
             if id(variable) not in state:
                 state[id(variable)] = variable, variable.numpy()
+            if read and touched is not None:
+                touched.add(id(variable))
 
     def noting(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
         variable = next_creator(**kwargs)
@@ -409,11 +436,18 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
         return variable
 
     def restore() -> None:
-        for variable, value in [*state.values(), *created]:
-            if value is not None:
+        nonlocal touched
+        looked_at = (
+            list(state.values())
+            if touched is None
+            else [state[i] for i in touched if i in state]
+        )
+        for variable, value in [*looked_at, *created]:
+            if value is not None and not _holds(variable, value):
                 variable.assign(value)
+        touched = set()
 
-    keep(variables)
+    keep(variables, read=False)
     _keeping.append(keep)
     try:
         with tf.variable_creator_scope(noting):
@@ -423,8 +457,26 @@ def restored(model: keras.Model, optimizers: list[Any]) -> Iterator[Callable[[],
         restore()
 
 
+def ran_eagerly() -> None:
+    """Notes, for the `restored` blocks entered, a run in Python (not
+    `traced_call`), which may change any variable."""
+    for keep in _keeping:
+        keep(None)
+
+
+def _holds(variable: Any, value: Any) -> bool:
+    """Whether `variable` reads as `value`, bit for bit (a NaN too)."""
+    now = np.asarray(variable.numpy())
+    value = np.asarray(value)
+    return bool(
+        now.dtype == value.dtype
+        and now.shape == value.shape
+        and now.tobytes() == value.tobytes()
+    )
+
+
 # The `keep(variables)` of the `restored` blocks entered.
-_keeping: list[Callable[[list[Any]], None]] = []
+_keeping: list[Callable[[list[Any] | None], None]] = []
 # Variables a step made while measured (its first call's), which a later
 # measurement, or part of one, sets back too.
 _made_in_measurements: weakref.WeakValueDictionary[int, Any] = (
@@ -437,11 +489,16 @@ def traced_call(function: Any, *args: Any) -> Any:
     kept first by the `restored` blocks entered. Not the seed states of
     draws outside the model (an unseeded `keras.random` draw's): a step
     drawing them draws other numbers on a second run, as it would on a
-    second step, which tells the measurement it draws its own."""
+    second step, which tells the measurement it draws its own. A trace
+    that draws is noted as a run in Python (`ran_eagerly`): the model's
+    seed states, kept as its variables, are set back by their Keras
+    variables, not the `tf.Variable`s the trace reads."""
     concrete = function.get_concrete_function(*args)
     read = [v for v in concrete.graph.variables if not _keras.is_seed_state(v)]
     for keep in _keeping:
         keep(read)
+    if len(read) < len(concrete.graph.variables):
+        ran_eagerly()
     return function(*args)
 
 

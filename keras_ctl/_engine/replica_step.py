@@ -283,6 +283,8 @@ class MeasuredBatch(NamedTuple):
         traced: The functions measurements traced, kept by the function
             for the next measurement (`measuring.on_replicas`).
         part: The part of the batch measured (`measuring.sliced`).
+        gathered: The part's examples as one device has them, where
+            they are gathered already (`measuring.GlobalBatch`).
     """
 
     element: Any
@@ -292,6 +294,7 @@ class MeasuredBatch(NamedTuple):
     number: int
     traced: dict[Any, Any]
     part: int = 0
+    gathered: Any = None
 
 
 def _reduced_already(outputs: Any) -> bool:

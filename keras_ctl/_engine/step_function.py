@@ -90,10 +90,16 @@ class StepFunction:
         self._counts: dict[int, tf.Tensor] = {}
         self._scheduled: dict[int, Any] = {}
         steps = plan.steps_per_execution
+        # A step whose batches are measured runs one batch read before its
+        # call (`_after_first_batch`): with one step a call, the loops run
+        # that step's trace, so the step is traced once for both.
+        one = None
+        if self._measurement is not None and steps == 1 and not plan.run_eagerly:
+            one = self._one_of_iterator
         # `loop(iterator, count=...)` and `loop(iterator)`, traced once
         # per iterator type unless the plan runs eagerly.
-        self._counted: Callable[..., Any] = loop.counted(self._step, steps)
-        self._checked: Callable[..., Any] = loop.checked(self._step, steps)
+        self._counted: Callable[..., Any] = loop.counted(self._step, steps, one=one)
+        self._checked: Callable[..., Any] = loop.checked(self._step, steps, one=one)
         # In place of a traced function: for a first step that builds state.
         self._eager = loop.checked(self._step, steps, stands_for_trace=True)
         if not plan.run_eagerly:
@@ -189,15 +195,7 @@ class StepFunction:
         while the data lasts) from its iterator."""
         # Traced for the iterator's batches (a dynamic batch size), as the
         # other steps are, not for the shapes of the one read.
-        spec = read.iterator.element_spec
-        one = self._one.get(repr(spec))
-        if one is None:
-            # A `partial`: TensorFlow counts the traces of every function
-            # of one code together, and warns of retracing when models are
-            # made one after another (a tuner's trials).
-            step = functools.partial(not_converted(self._step.one))
-            one = self._one[repr(spec)] = tf.function(step, input_signature=[spec])
-        logs = one(read.get_next())
+        logs = self._one_for(read.iterator.element_spec)(read.get_next())
         if count is not None:
             if count > 1:
                 logs = self._counted(read.iterator, count=tf.constant(count - 1))
@@ -211,6 +209,22 @@ class StepFunction:
             return self._checked_after_first(read.iterator)
         except tf.errors.OutOfRangeError:
             return logs  # the data held one batch
+
+    def _one_for(self, spec: Any) -> Any:
+        """The step and its logs on one batch of `spec`, traced once."""
+        one = self._one.get(repr(spec))
+        if one is None:
+            # A `partial`: TensorFlow counts the traces of every function
+            # of one code together, and warns of retracing when models are
+            # made one after another (a tuner's trials).
+            step = functools.partial(not_converted(self._step.one))
+            one = self._one[repr(spec)] = tf.function(step, input_signature=[spec])
+        return one
+
+    def _one_of_iterator(self, iterator: Any, data: Any) -> Any:
+        """`_one_for` the iterator's batches, on `data`: called as a loop is
+        traced, it traces the step or calls its trace."""
+        return self._one_for(iterator.element_spec)(data)
 
     def steps(self, count: int) -> Any:
         """The `tf.function` running up to `count` steps per call."""

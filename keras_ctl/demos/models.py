@@ -30,15 +30,17 @@ def guide_mlp(model_class=CTLModel):
     return model_class(inputs, keras.layers.Dense(10)(x))
 
 
-def transformer_block(model_class=CTLModel):
-    """One transformer block (attention of 4 heads of 16, a feed-forward
-    of 128) on 16 tokens of 64 features, 10 logits: the benchmarks' model
-    of attention."""
+def transformer_block(model_class=CTLModel, blocks=1):
+    """`blocks` transformer blocks (each: attention of 4 heads of 16, a
+    feed-forward of 128) on 16 tokens of 64 features, 10 logits: the
+    benchmarks' model of attention. Defaults to one block."""
     inputs = keras.Input((16, 64))
-    attended = keras.layers.MultiHeadAttention(4, 16)(inputs, inputs)
-    x = keras.layers.LayerNormalization()(inputs + attended)
-    forward = keras.layers.Dense(128, activation="relu")(x)
-    x = keras.layers.LayerNormalization()(x + keras.layers.Dense(64)(forward))
+    x = inputs
+    for _ in range(blocks):
+        attended = keras.layers.MultiHeadAttention(4, 16)(x, x)
+        x = keras.layers.LayerNormalization()(x + attended)
+        forward = keras.layers.Dense(128, activation="relu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(64)(forward))
     x = keras.layers.GlobalAveragePooling1D()(x)
     return model_class(inputs, keras.layers.Dense(10)(x))
 

@@ -188,3 +188,63 @@ def test_the_schedule_measures_powers_of_two_and_each_call():
             engine.calls += 1  # a second fit() from step 17 on
     assert measured == [1, 2, 4, 8, 16, 17, 32]
     assert schedule.due("another spec") == 41
+
+
+@pytest.mark.parametrize("own", ["train_step", "compute_loss"])
+def test_later_calls_reuse_what_the_first_traced(own):
+    # The Python of each step runs once a trace (once a replica): after
+    # the first fit(), evaluate() and predict(), the later calls and their
+    # measurements run what those traced.
+    ran = []
+
+    class Counted(model_class(keras_ctl.CTLModel, "mean")):
+        def train_step(self, data):
+            if own == "compute_loss":
+                return keras_ctl.CTLModel.train_step(self, data)
+            ran.append(("train", tf.executing_eagerly()))
+            return super().train_step(data)
+
+        def compute_loss(
+            self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+        ):
+            if own == "compute_loss":
+                ran.append(("loss", tf.executing_eagerly()))
+            return ops.mean(ops.square(y_pred - y))
+
+        def predict_step(self, data):
+            ran.append(("predict", tf.executing_eagerly()))
+            return super().predict_step(data)
+
+        @property
+        def metrics(self):
+            return [] if own == "compute_loss" else [self.tracker]
+
+    keras.utils.set_random_seed(2)
+    with devices.get("mirrored").scope():
+        inputs = keras.Input((3,))
+        outputs = keras.layers.Dense(2)(keras.layers.Dense(4)(inputs))
+        model = Counted(inputs, outputs)
+        model.compile(keras.optimizers.SGD(0.1))
+    data = dataset("mean")
+    model.fit(data, epochs=1, verbose=0)
+    if own == "train_step":
+        # Traced on the replicas and on one device for the measurements,
+        # and once on the replicas for training: the loop that reads its
+        # batches calls the trace of the step a measured batch runs.
+        assert ran.count(("train", False)) == 2 + 1 + 2
+    model.evaluate(data, verbose=0)
+    model.predict(data.map(lambda x, y: x), verbose=0)
+    first = len(ran)
+    model.fit(data, epochs=1, verbose=0)
+    model.fit(data, epochs=1, verbose=0)
+    model.evaluate(data, verbose=0)
+    model.predict(data.map(lambda x, y: x), verbose=0)
+    assert ran[first:] == []
+    traced = [
+        function[0] if isinstance(function, tuple) else function
+        for step_function in (model.train_function, model.test_function)
+        for function in step_function._measurement_traces.values()
+    ]
+    assert [function.experimental_get_tracing_count() for function in traced] == [
+        1
+    ] * len(traced)
