@@ -222,9 +222,9 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     its reading (`ReplicaStep.reads_as_one_device`), its replicas' summed
     as the step sums them (replica 0's view, one tensor a variable and
     `apply`), and whether it applied them read as one device's code (a
-    step read so may declare itself in shares as it runs, or call
-    keras_ctl's own steps, written in shares); or `None` when there is
-    nothing to compare: it applies nothing, applies in both readings,
+    step read so may declare itself in shares as it runs); or `None` when
+    there is nothing to compare: it applies nothing, applies in both
+    readings, applies through keras_ctl's own steps (exact as written),
     assigns batch statistics from each
     replica's own examples (each replica's normalization is not one
     device's; `batch_statistics` warns of them), or draws each replica's
@@ -233,13 +233,13 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     def make() -> tuple[Callable[[Any, bool], Any], dict[str, list[Any]]]:
         # Made while `applies_captured` notes the applies in `noted`.
         lock = threading.Lock()
-        notes: dict[str, list[Any]] = {"read_as_one_device": [], "traces": []}
+        notes: dict[str, list[Any]] = {"readings": [], "traces": []}
 
         def on_replica(data: Any, eagerly: bool) -> list[tf.Tensor]:
             _, trace = batch.step.on_replica(data, eagerly)
             applied = noted.pop(threading.get_ident(), [])
             with lock:
-                notes["read_as_one_device"] += [a.read_as_one_device for a in applied]
+                notes["readings"] += [a.reading for a in applied]
                 notes["traces"].append(trace)
             return flat_gradients(applied)
 
@@ -248,15 +248,19 @@ def applied_on_replicas(batch: MeasuredBatch) -> AppliedOnReplicas | None:
     as_one_device = batch.step.reads_as_one_device
     with _replaced.optimizers.applies_captured() as noted:
         measured = on_replicas(batch, f"applied_{as_one_device}", make)
-    read_as_one_device, traces = measured.notes.values()
-    if len(set(read_as_one_device)) != 1:
+    readings, traces = measured.notes.values()
+    # A step read as one device's code is measured in the reading its
+    # applies show, one for all; one in shares from its first line, as
+    # such. keras_ctl's own steps called from one device's code are not.
+    expected = ["one_device", "declared"] if as_one_device else ["unread", "declared"]
+    if not readings or len(set(readings)) != 1 or readings[0] not in expected:
         return None
     if any(trace.statistics for trace in traces):
         return None
     drew = any(trace.drew for trace in traces)
     if drew and not batch.step.draws_as_one_device:
         return None
-    return AppliedOnReplicas(measured.result, drew, read_as_one_device[0])
+    return AppliedOnReplicas(measured.result, drew, readings[0] == "one_device")
 
 
 def applying_on_one_device(
@@ -321,9 +325,10 @@ def summed_across_replicas(
 
         return on_replica, None
 
-    # Traced apart for each reading of a `compute_loss` of one's own.
+    # Traced apart for each reading of a `compute_loss` of one's own: one
+    # device's (before the first measurement decides, too) or in shares.
     reading = engine_state.of(model).loss_readings.get(engine_state.COMPUTE_LOSS)
-    name = f"summed_across_replicas_{reading}"
+    name = f"summed_across_replicas_{reading == 'share'}"
     measured = on_replicas(batch, name, make, model.run_eagerly)
     gradients, data = measured.result
     whole = GlobalBatch(data, examples_in(data), measured.of_rows, measured.parts)

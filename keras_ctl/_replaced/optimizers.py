@@ -66,9 +66,12 @@ class Applied(NamedTuple):
     """The gradients one `apply` was given (`applies_captured`)."""
 
     gradients: list[tf.Tensor | None]
-    # Whether a step of one's own read as one device's code applied them
-    # (`_replicas.current_reading`), its replica's weighed and summed.
-    read_as_one_device: bool
+    # How the code that applied them was read (`_replicas.current_reading`):
+    # `"one_device"`, a step of one's own read as one device's code (its
+    # replica's weighed and summed); `"declared"`, one that declared itself
+    # in shares as it ran; `"unread"`, code under no reading (a step
+    # written in shares from its first line, keras_ctl's own steps).
+    reading: str
 
 
 _capture_lock = threading.Lock()
@@ -102,9 +105,12 @@ def _captured(grads: Any) -> bool:
     if noted is None:
         return False
     reading = current_reading()
+    if reading is None or reading.kind != "step":
+        read = "unread"
+    else:
+        read = "declared" if reading.in_shares else "one_device"
     applied = Applied(
-        [None if g is None else tf.convert_to_tensor(g) for g in grads],
-        reading is not None and reading.kind == "step" and not reading.in_shares,
+        [None if g is None else tf.convert_to_tensor(g) for g in grads], read
     )
     with _capture_lock:
         noted.setdefault(threading.get_ident(), []).append(applied)
