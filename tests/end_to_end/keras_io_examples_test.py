@@ -55,6 +55,10 @@ def test_an_example_that_cannot_run_as_written_is_refused_by_name(name):
     assert keras_io.refusal_as_written(name, devices.get("mirrored")) == []
 
 
+# Forward-Forward's mechanism (a metric's result kept in a variable, layers
+# with optimizers of their own) is in the suite in
+# `tests/models/layer_optimizers_test.py`; the example itself is a long check.
+@pytest.mark.long
 @pytest.mark.parametrize("name", sorted(keras_io.WARNED))
 def test_an_example_keeping_a_replicas_value_is_warned_of_by_name(name):
     largest, said = keras_io.warned_on_2_replicas(name)
