@@ -58,6 +58,7 @@ def test_three_replicas_with_empty_replicas_equal_one_device(tmp_path):
     _on_3_replicas(tmp_path, every=False)
 
 
+@pytest.mark.slow  # `-m "not slow"` (the fast tier) replaces `-m "not long"`
 @pytest.mark.long
 def test_every_rank_and_step_on_three_replicas_equals_one_device(tmp_path):
     _on_3_replicas(tmp_path, every=True)
